@@ -1,0 +1,4 @@
+"""Datasets: imaging from arrays or FITS files, and simulation."""
+
+from ._imaging import Imaging as Imaging
+from ._simulate import simulate as simulate

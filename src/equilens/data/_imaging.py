@@ -1,0 +1,137 @@
+"""Imaging datasets: data, noise, PSF and mask, from arrays or FITS files."""
+
+import os
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Float
+
+from .._grid import Grid
+from ..psf import AbstractPSF, FFTConvolution, PixelPSF
+
+
+def _load_fits(path: str | os.PathLike, hdu: int = 0, what: str = "image") -> np.ndarray:
+    from astropy.io import fits
+
+    if not os.path.isfile(path):
+        raise ValueError(f"{what} file not found: {path}")
+    with fits.open(path) as hdul:
+        if hdu >= len(hdul) or hdul[hdu].data is None:
+            raise ValueError(f"{what} file {path} has no image data in HDU {hdu}")
+        return np.asarray(hdul[hdu].data, dtype=np.float64)
+
+
+class Imaging(eqx.Module):
+    """An imaging dataset: one band of pixel data with its noise, PSF and mask.
+
+    **Arguments:**
+
+    - `data`: image (flux per pixel, e.g. electrons/s), shape `(ny, nx)`; row 0 is the
+      bottom of the image (y grows with the row, x with the column).
+    - `noise_map`: 1-sigma noise per pixel, same shape and units, finite and > 0 on the mask.
+    - `psf`: an `AbstractPSF` (e.g. `PixelPSF(kernel)`).
+    - `pixel_scale`: arcsec per pixel.
+    - `mask`: boolean `(ny, nx)`, True where the pixel is used in the fit (lenstronomy's
+      `likelihood_mask` convention); default all pixels.
+    - `supersampling`: sub-pixels per pixel side for model evaluation (default 1).
+    - `origin`: (x, y) of the array centre in arcsec (default (0, 0)).
+
+    Raises `ValueError` naming the problem for: non-2-d data, a shape mismatch, NaN or
+    infinite data or noise inside the mask, non-positive noise inside the mask, an empty
+    mask. Unused (masked-out) pixels with NaN are set to 0 data and unit noise.
+    """
+
+    data: Float[Array, "ny nx"]
+    noise_map: Float[Array, "ny nx"]
+    psf: AbstractPSF
+    mask: Bool[Array, "ny nx"]
+    grid: Grid
+    convolution: FFTConvolution
+
+    def __init__(
+        self,
+        data: Float[ArrayLike, "ny nx"],
+        noise_map: Float[ArrayLike, "ny nx"],
+        psf: AbstractPSF,
+        pixel_scale: float,
+        mask: Bool[ArrayLike, "ny nx"] | None = None,
+        supersampling: int = 1,
+        origin: tuple[float, float] = (0.0, 0.0),
+    ):
+        d = np.asarray(data, dtype=np.float64)
+        n = np.asarray(noise_map, dtype=np.float64)
+        if d.ndim != 2:
+            raise ValueError(f"data must be a 2-d image, got shape {d.shape}")
+        if n.shape != d.shape:
+            raise ValueError(f"noise_map shape {n.shape} does not match data shape {d.shape}")
+        m = np.ones(d.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+        if m.shape != d.shape:
+            raise ValueError(f"mask shape {m.shape} does not match data shape {d.shape}")
+        if not m.any():
+            raise ValueError("mask is empty: no pixel is used")
+        if not np.all(np.isfinite(d[m])):
+            raise ValueError(f"data has {int((~np.isfinite(d[m])).sum())} NaN/inf pixels inside the mask")
+        if not np.all(np.isfinite(n[m])):
+            raise ValueError(
+                f"noise_map has {int((~np.isfinite(n[m])).sum())} NaN/inf pixels inside the mask"
+            )
+        if not np.all(n[m] > 0):
+            raise ValueError(
+                f"noise_map must be > 0 inside the mask; {int((n[m] <= 0).sum())} pixels are not"
+            )
+        if not isinstance(psf, AbstractPSF):
+            raise ValueError(f"psf must be an AbstractPSF (e.g. PixelPSF), got {type(psf)}")
+        d = np.where(m, d, 0.0)
+        n = np.where(m, n, 1.0)
+        dtype = jnp.result_type(float)
+        self.grid = Grid(d.shape, pixel_scale, origin, supersampling)
+        if psf.supersampling not in (1, supersampling):
+            raise ValueError(
+                f"PSF supersampling {psf.supersampling} must be 1 or the dataset's "
+                f"supersampling {supersampling}"
+            )
+        self.data = jnp.asarray(d, dtype=dtype)
+        self.noise_map = jnp.asarray(n, dtype=dtype)
+        self.psf = psf
+        self.mask = jnp.asarray(m)
+        conv_shape = d.shape if psf.supersampling == 1 else tuple(
+            s * supersampling for s in d.shape
+        )
+        self.convolution = psf.fft_operator(conv_shape)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.grid.shape
+
+    @property
+    def pixel_scale(self) -> float:
+        return self.grid.pixel_scale
+
+    @classmethod
+    def from_fits(
+        cls,
+        image: str | os.PathLike,
+        noise_map: str | os.PathLike,
+        psf: str | os.PathLike,
+        pixel_scale: float,
+        exclude_mask: str | os.PathLike | None = None,
+        mask: Bool[ArrayLike, "ny nx"] | None = None,
+        supersampling: int = 1,
+        hdu: int = 0,
+    ) -> "Imaging":
+        """Loads an image, its noise map and PSF kernel from FITS files (astropy).
+
+        `exclude_mask` is an optional FITS file whose non-zero pixels are excluded; it is
+        combined with `mask` (True = used). The PSF kernel is normalised to sum 1.
+        """
+        d = _load_fits(image, hdu, "image")
+        n = _load_fits(noise_map, hdu, "noise map")
+        k = _load_fits(psf, hdu, "PSF")
+        m = np.ones(d.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+        if exclude_mask is not None:
+            ex = _load_fits(exclude_mask, hdu, "mask")
+            if ex.shape != d.shape:
+                raise ValueError(f"mask shape {ex.shape} does not match image shape {d.shape}")
+            m = m & (ex == 0)
+        return cls(d, n, PixelPSF(k), pixel_scale, mask=m, supersampling=supersampling)

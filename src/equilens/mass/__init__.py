@@ -1,0 +1,15 @@
+"""Mass profiles: deflection, potential, convergence and Hessian of lensing masses."""
+
+from ._base import (
+    AbstractMassProfile as AbstractMassProfile,
+    MassBatch as MassBatch,
+    MassSum as MassSum,
+)
+from ._nfw import EllipticalNFW as EllipticalNFW, NFW as NFW
+from ._power_law import EPL as EPL, SIE as SIE, SIS as SIS
+from ._simple import (
+    ConvergenceSheet as ConvergenceSheet,
+    ExternalShear as ExternalShear,
+    Multipole as Multipole,
+    PointMass as PointMass,
+)
