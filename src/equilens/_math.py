@@ -4,6 +4,8 @@ Everything here is differentiable with finite gradients at the points where the 
 formula has a removable singularity (r = 0, q = 1).
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
@@ -128,7 +130,7 @@ def smooth_in_ellipticity(fn, e1: FloatScalar, e2: FloatScalar):
     with respect to `e1`, `e2` at a round profile are the true ones rather than zero or NaN.
     """
     c, cos_phi, sin_phi = orientation(e1, e2)
-    threshold = 0.1 * float(jnp.sqrt(jnp.finfo(jnp.result_type(c)).eps))
+    threshold = 0.1 * math.sqrt(float(jnp.finfo(jnp.result_type(c)).eps))
 
     def polar(_):
         return fn(c, cos_phi, sin_phi)

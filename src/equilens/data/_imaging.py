@@ -51,11 +51,11 @@ class Imaging(eqx.Module):
 
     def __init__(
         self,
-        data: Float[ArrayLike, "ny nx"],
-        noise_map: Float[ArrayLike, "ny nx"],
+        data: Float[ArrayLike, "..."],
+        noise_map: Float[ArrayLike, "..."],
         psf: AbstractPSF,
         pixel_scale: float,
-        mask: Bool[ArrayLike, "ny nx"] | None = None,
+        mask: Bool[ArrayLike, "..."] | None = None,
         supersampling: int = 1,
         origin: tuple[float, float] = (0.0, 0.0),
     ):

@@ -1,5 +1,6 @@
 """Critical curves and caustics (host-side contouring of det A = 0)."""
 
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float
 
@@ -33,6 +34,7 @@ def caustics(
     """The caustics: the critical curves mapped to the source plane by the lens equation."""
     out = []
     for line in critical_curves(mass, grid):
-        bx, by = mass.ray_shoot(line[:, 0], line[:, 1])
+        dtype = jnp.result_type(float)
+        bx, by = mass.ray_shoot(jnp.asarray(line[:, 0], dtype), jnp.asarray(line[:, 1], dtype))
         out.append(np.stack([np.asarray(bx), np.asarray(by)], axis=1))
     return out

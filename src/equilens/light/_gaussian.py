@@ -32,7 +32,7 @@ class Gaussian(AbstractLightProfile):
         return self.amp / (2 * jnp.pi * s2) * jnp.exp(-r2 / (2 * s2))
 
 
-def _as_float_vector(x: Float[ArrayLike, " n"]) -> Float[Array, " n"]:
+def _as_float_vector(x: Float[ArrayLike, "..."]) -> Float[Array, "..."]:
     return as_float(x)
 
 

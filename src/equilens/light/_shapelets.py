@@ -26,7 +26,7 @@ def _hermite_functions(u: GridArray, n_max: int) -> list[GridArray]:
     return phi
 
 
-def _as_float_vector(x: Float[ArrayLike, " n"]) -> Float[Array, " n"]:
+def _as_float_vector(x: Float[ArrayLike, "..."]) -> Float[Array, "..."]:
     return as_float(x)
 
 

@@ -30,8 +30,19 @@ def _x_min(dtype) -> float:
 
 
 def _nfw_g_over_x2(X2: GridArray) -> GridArray:
+    """g(X) / X^2 with g(X) = ln(X/2) + G(1 - X^2)."""
     u = 1 - X2
-    return (0.5 * jnp.log(X2 / 4) + atanh_ratio(u)) / X2
+    direct = (0.5 * jnp.log(X2 / 4) + atanh_ratio(u)) / X2
+    # For X < 1/2 the two terms of g nearly cancel (g ~ X^2 ln X); with G(u) =
+    # ln((1 + sqrt u)/X)/sqrt u the sum is rewritten without cancellation:
+    # g/X^2 = -ln(X/2) / (sqrt u (1 + sqrt u)) + log1p(-X^2 / (2 (1 + sqrt u))) / (sqrt u X^2).
+    small = X2 < 0.25
+    X2s = jnp.where(small, X2, 0.1)
+    su = jnp.sqrt(1 - X2s)
+    stable = -0.5 * jnp.log(X2s / 4) / (su * (1 + su)) + jnp.log1p(
+        -X2s / (2 * (1 + su))
+    ) / (su * X2s)
+    return jnp.where(small, stable, direct)
 
 
 def _nfw_F(X2: GridArray) -> GridArray:

@@ -97,7 +97,7 @@ class AbstractPSF(eqx.Module):
         return FFTConvolution(self.kernel(), image_shape)
 
 
-def _as_kernel(kernel: Float[ArrayLike, "ky kx"]) -> Float[Array, "ky kx"]:
+def _as_kernel(kernel: Float[ArrayLike, "..."]) -> Float[Array, "..."]:
     return as_float(kernel)
 
 
@@ -116,7 +116,7 @@ class PixelPSF(AbstractPSF):
     kernel_array: Float[Array, "ky kx"]
     supersampling: int = eqx.field(static=True)
 
-    def __init__(self, kernel: Float[ArrayLike, "ky kx"], supersampling: int = 1):
+    def __init__(self, kernel: Float[ArrayLike, "..."], supersampling: int = 1):
         k = np.asarray(kernel)
         if k.ndim != 2:
             raise ValueError(f"PSF kernel must be 2-d, got shape {k.shape}")

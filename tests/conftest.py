@@ -1,0 +1,36 @@
+import os
+
+# Several CPU devices for sharding tests; must be set before JAX initialises a backend.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+X64 = os.environ.get("EQUILENS_TEST_X64", "1") != "0"
+jax.config.update("jax_enable_x64", X64)
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+def pytest_collection_modifyitems(config, items):
+    if X64:
+        return
+    # float32 session: checks that need float64 are deselected (not skipped): they are run
+    # by the x64 session of the same matrix.
+    keep = [item for item in items if "x64_only" not in item.keywords]
+    deselected = [item for item in items if "x64_only" in item.keywords]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = keep
+
+
+@pytest.fixture
+def getkey():
+    """A function returning a fresh PRNG key on each call (deterministic per test)."""
+    key = [jax.random.key(0)]
+
+    def _next():
+        key[0], sub = jax.random.split(key[0])
+        return sub
+
+    return _next

@@ -1,0 +1,136 @@
+"""The lens system, imaging datasets, FITS loading and simulation."""
+
+import os
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import default_eps, rel_err
+
+import equilens as el
+from equilens import light, mass
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "src", "equilens", "_data", "SDSSJ0946+1006")
+
+
+def make_system():
+    return el.LensSystem(
+        mass=mass.SIE(theta_E=1.2, e1=0.1, e2=-0.05) + mass.ExternalShear(0.03, -0.01),
+        lens_light=light.Sersic(amp=3.0, R_sersic=0.8, n_sersic=3.5, e1=0.05, e2=0.02),
+        source=light.Sersic(amp=5.0, R_sersic=0.15, n_sersic=1.5, center_x=0.05, center_y=0.02),
+    )
+
+
+def test_image_is_flux_per_pixel():
+    # A source-free, unlensed Gaussian: total image flux = the Gaussian's total flux.
+    system = el.LensSystem(
+        mass=mass.ConvergenceSheet(0.0), source=light.Gaussian(amp=0.0, sigma=1.0),
+        lens_light=light.Gaussian(amp=7.0, sigma=0.3),
+    )
+    img = system.image(el.Grid((81, 81), 0.05, supersampling=3))
+    np.testing.assert_allclose(float(img.sum()), 7.0, rtol=1e-6)
+
+
+def test_supersampling_converges():
+    system = make_system()
+    fine = system.image(el.Grid((40, 40), 0.1, supersampling=12))
+    coarse = system.image(el.Grid((40, 40), 0.1, supersampling=1))
+    mid = system.image(el.Grid((40, 40), 0.1, supersampling=4))
+    assert rel_err(mid, fine) < rel_err(coarse, fine)
+
+
+def test_image_with_psf_conserves_flux_inside(getkey):
+    system = make_system()
+    grid = el.Grid((64, 64), 0.05)
+    psf = el.GaussianPSF(fwhm=0.1, pixel_scale=0.05)
+    raw = system.image(grid)
+    conv = system.image(grid, psf)
+    op = system.image(grid, psf.fft_operator(grid.shape))
+    assert rel_err(conv, op) < 10 * default_eps()
+    # the PSF moves light only a few pixels: totals agree to the edge losses
+    np.testing.assert_allclose(float(conv.sum()), float(raw.sum()), rtol=0.02)
+
+
+def test_supersampled_psf_path():
+    system = make_system()
+    grid = el.Grid((32, 32), 0.1, supersampling=2)
+    psf2 = el.GaussianPSF(fwhm=0.2, pixel_scale=0.1, supersampling=2)
+    img = system.image(grid, psf2)
+    assert img.shape == (32, 32)
+    with pytest.raises(ValueError, match="supersampling"):
+        system.image(el.Grid((32, 32), 0.1, supersampling=3), psf2)
+
+
+def test_simulate_is_deterministic_and_has_the_right_noise(getkey):
+    system = make_system()
+    grid = el.Grid((60, 60), 0.05)
+    psf = el.GaussianPSF(fwhm=0.1, pixel_scale=0.05)
+    key = jax.random.key(42)
+    a = el.simulate(key, system, grid, psf, exposure_time=1000.0, sky_level=2.0)
+    b = el.simulate(key, system, grid, psf, exposure_time=1000.0, sky_level=2.0)
+    np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
+    c = el.simulate(jax.random.key(43), system, grid, psf, exposure_time=1000.0, sky_level=2.0)
+    assert not np.array_equal(np.asarray(a.data), np.asarray(c.data))
+    model = system.image(grid, psf)
+    pulls = (a.data - model) / a.noise_map
+    assert abs(float(pulls.mean())) < 0.05
+    np.testing.assert_allclose(float(pulls.std()), 1.0, atol=0.05)
+
+
+def test_imaging_validation():
+    psf = el.PixelPSF(np.ones((3, 3)))
+    d = np.ones((10, 10))
+    with pytest.raises(ValueError, match="noise_map shape"):
+        el.Imaging(d, np.ones((9, 10)), psf, 0.1)
+    with pytest.raises(ValueError, match="noise_map must be > 0"):
+        el.Imaging(d, -np.ones((10, 10)), psf, 0.1)
+    bad = d.copy()
+    bad[3, 3] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        el.Imaging(bad, np.ones((10, 10)), psf, 0.1)
+    noise_nan = np.ones((10, 10))
+    noise_nan[2, 2] = np.nan
+    with pytest.raises(ValueError, match="noise_map has 1 NaN"):
+        el.Imaging(d, noise_nan, psf, 0.1)
+    with pytest.raises(ValueError, match="empty"):
+        el.Imaging(d, np.ones((10, 10)), psf, 0.1, mask=np.zeros((10, 10), bool))
+    with pytest.raises(ValueError, match="2-d"):
+        el.Imaging(np.ones(10), np.ones(10), psf, 0.1)
+    # NaN outside the mask is allowed and zeroed
+    m = np.ones((10, 10), bool)
+    m[3, 3] = False
+    ok = el.Imaging(bad, np.ones((10, 10)), psf, 0.1, mask=m)
+    assert float(ok.data[3, 3]) == 0.0
+
+
+def test_imaging_from_fits_real_data():
+    ds = el.Imaging.from_fits(
+        os.path.join(DATA, "image.fits"),
+        os.path.join(DATA, "noise_map.fits"),
+        os.path.join(DATA, "psf.fits"),
+        pixel_scale=0.05,
+        exclude_mask=os.path.join(DATA, "mask_extra_galaxies.fits"),
+    )
+    assert ds.shape == (281, 281)
+    assert ds.psf.kernel().shape == (21, 21)
+    assert 0 < int(ds.mask.sum()) < 281 * 281
+    # the lens galaxy is the brightest thing near the centre
+    assert float(ds.data[140, 140]) > float(jnp.median(ds.data))
+    with pytest.raises(ValueError, match="not found"):
+        el.Imaging.from_fits("nope.fits", "nope.fits", "nope.fits", pixel_scale=0.05)
+
+
+def test_lens_system_gradients_are_finite():
+    system = make_system()
+    grid = el.Grid((30, 30), 0.1)
+    psf = el.GaussianPSF(fwhm=0.1, pixel_scale=0.1)
+    g = eqx.filter_grad(lambda s: jnp.sum(s.image(grid, psf) ** 2))(system)
+    assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(g))
+
+
+def test_source_plane_image():
+    system = make_system()
+    sp = system.source_plane_image(el.Grid((21, 21), 0.02, origin=(0.05, 0.02)))
+    assert sp.shape == (21, 21) and int(jnp.argmax(sp)) == 10 * 21 + 10
