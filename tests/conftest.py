@@ -3,8 +3,8 @@ import os
 # Several CPU devices for sharding tests; must be set before JAX initialises a backend.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
-import jax  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import pytest
 
 X64 = os.environ.get("EQUILENS_TEST_X64", "1") != "0"
 jax.config.update("jax_enable_x64", X64)

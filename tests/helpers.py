@@ -53,7 +53,9 @@ def sample_points(n: int = 64, seed: int = 0, half_width: float = 2.5):
     rng = np.random.default_rng(seed)
     x = rng.uniform(-half_width, half_width, n)
     y = rng.uniform(-half_width, half_width, n)
-    return jnp.asarray(x, dtype=jnp.result_type(float)), jnp.asarray(y, dtype=jnp.result_type(float))
+    return jnp.asarray(x, dtype=jnp.result_type(float)), jnp.asarray(
+        y, dtype=jnp.result_type(float)
+    )
 
 
 def default_eps() -> float:
@@ -69,9 +71,7 @@ def rel_err(a, b) -> float:
 
 def cast_tree(tree, dtype):
     """Casts every floating array leaf of a pytree to `dtype`."""
-    return jax.tree.map(
-        lambda a: a.astype(dtype) if eqx_is_float(a) else a, tree
-    )
+    return jax.tree.map(lambda a: a.astype(dtype) if eqx_is_float(a) else a, tree)
 
 
 def eqx_is_float(a) -> bool:

@@ -7,10 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import default_eps, rel_err
 
 import equilens as el
 from equilens import light, mass
+from helpers import default_eps, rel_err
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "src", "equilens", "_data", "SDSSJ0946+1006")
 
@@ -26,7 +26,8 @@ def make_system():
 def test_image_is_flux_per_pixel():
     # A source-free, unlensed Gaussian: total image flux = the Gaussian's total flux.
     system = el.LensSystem(
-        mass=mass.ConvergenceSheet(0.0), source=light.Gaussian(amp=0.0, sigma=1.0),
+        mass=mass.ConvergenceSheet(0.0),
+        source=light.Gaussian(amp=0.0, sigma=1.0),
         lens_light=light.Gaussian(amp=7.0, sigma=0.3),
     )
     img = system.image(el.Grid((81, 81), 0.05, supersampling=3))

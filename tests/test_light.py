@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import cast_tree, default_eps, example_light_profiles, rel_err, sample_points
 
 from equilens import light
+from helpers import cast_tree, default_eps, example_light_profiles, rel_err, sample_points
 
 PROFILES = example_light_profiles()
 NAMES = sorted(PROFILES)
@@ -125,7 +125,7 @@ def test_linear_profiles_are_linear_in_amp():
 
 
 def test_bad_linear_profile_shapes_raise():
-    with pytest.raises(ValueError, match="Shapelets.amp"):
+    with pytest.raises(ValueError, match=r"Shapelets\.amp"):
         light.Shapelets(amp=jnp.ones(5), n_max=2, beta=1.0)
-    with pytest.raises(ValueError, match="MGE.amp"):
+    with pytest.raises(ValueError, match=r"MGE\.amp"):
         light.MGE(amp=jnp.ones(3), sigma=jnp.ones(4))

@@ -7,6 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.integrate
+
+import equilens as el
+from equilens import mass
 from helpers import (
     cast_tree,
     default_eps,
@@ -15,9 +18,6 @@ from helpers import (
     rel_err,
     sample_points,
 )
-
-import equilens as el
-from equilens import mass
 
 PROFILES = example_mass_profiles()
 NAMES = sorted(PROFILES)
@@ -148,8 +148,11 @@ def test_finite_gradients_at_centre_and_at_q_equal_one(name):
 @pytest.mark.x64_only
 @pytest.mark.parametrize("cls", [mass.SIE, mass.EPL, mass.EllipticalNFW])
 def test_ellipticity_gradient_at_q_equal_one_is_the_true_derivative(cls):
-    kwargs = {"SIE": dict(theta_E=1.1), "EPL": dict(theta_E=1.1, gamma=2.3),
-              "EllipticalNFW": dict(Rs=1.3, alpha_Rs=0.6)}[cls.__name__]
+    kwargs = {
+        "SIE": dict(theta_E=1.1),
+        "EPL": dict(theta_E=1.1, gamma=2.3),
+        "EllipticalNFW": dict(Rs=1.3, alpha_Rs=0.6),
+    }[cls.__name__]
     x, y = sample_points(24, seed=7)
 
     def f(e):
@@ -221,7 +224,11 @@ def test_round_epl_deflection_is_the_power_law(gamma):
     x, y = sample_points(48, seed=11)
     ax, ay = mass.EPL(theta_E=1.3, gamma=gamma).deflection(x, y)
     r = np.hypot(x, y)
-    np.testing.assert_allclose(np.hypot(ax, ay), 1.3 * (r / 1.3) ** (2 - gamma), rtol=1e-12 if default_eps() < 1e-10 else 1e-5)
+    np.testing.assert_allclose(
+        np.hypot(ax, ay),
+        1.3 * (r / 1.3) ** (2 - gamma),
+        rtol=1e-12 if default_eps() < 1e-10 else 1e-5,
+    )
 
 
 @pytest.mark.x64_only
@@ -231,7 +238,11 @@ def test_nfw_enclosed_mass_from_convergence_matches_deflection():
     for R in (0.2, 1.3, 4.0):
         inner = scipy.integrate.quad(
             lambda r: float(p.convergence(jnp.asarray(r), jnp.asarray(0.0))) * 2 * np.pi * r,
-            0, R, limit=200, epsabs=0, epsrel=1e-11,
+            0,
+            R,
+            limit=200,
+            epsabs=0,
+            epsrel=1e-11,
         )[0]
         ax, _ = p.deflection(jnp.asarray(R), jnp.asarray(0.0))
         np.testing.assert_allclose(inner, np.pi * R * float(ax), rtol=1e-8)
@@ -295,5 +306,5 @@ def test_magnification_and_critical_curves_of_sis():
 
 
 def test_multipole_rejects_bad_order():
-    with pytest.raises(ValueError, match="Multipole.m"):
+    with pytest.raises(ValueError, match=r"Multipole\.m"):
         mass.Multipole(m=0, a_m=0.1)

@@ -5,10 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.signal
-from helpers import default_eps, rel_err
 
 import equilens as el
 from equilens.psf import fast_fft_size, fft_padded_shape
+from helpers import default_eps, rel_err
 
 
 def test_grid_conventions():

@@ -44,7 +44,9 @@ class Grid(eqx.Module):
         for n in self.shape:
             _check_positive_int("Grid.shape entries", n)
         if not (isinstance(self.pixel_scale, float | int) and self.pixel_scale > 0):
-            raise ValueError(f"Grid.pixel_scale must be a positive number, got {self.pixel_scale!r}")
+            raise ValueError(
+                f"Grid.pixel_scale must be a positive number, got {self.pixel_scale!r}"
+            )
         _check_positive_int("Grid.supersampling", self.supersampling)
 
     def __init__(
@@ -74,9 +76,9 @@ class Grid(eqx.Module):
         ys = (iy - (ny - 1) / 2) * self.pixel_scale + self.origin[1]
         return xs, ys
 
-    def coordinates(self, supersampled: bool = False) -> tuple[
-        Float[Array, "rows cols"], Float[Array, "rows cols"]
-    ]:
+    def coordinates(
+        self, supersampled: bool = False
+    ) -> tuple[Float[Array, "rows cols"], Float[Array, "rows cols"]]:
         """`(x, y)` of pixel centres, or of sub-pixel centres if `supersampled` (shape
         `(ny * s, nx * s)`)."""
         xs, ys = self._axes(self.supersampling if supersampled else 1)
@@ -98,9 +100,7 @@ class Grid(eqx.Module):
         s = self.supersampling
         ny, nx = self.shape
         if image.shape != (ny * s, nx * s):
-            raise ValueError(
-                f"bin expects an array of shape {(ny * s, nx * s)}, got {image.shape}"
-            )
+            raise ValueError(f"bin expects an array of shape {(ny * s, nx * s)}, got {image.shape}")
         if s == 1:
             return image
         return image.reshape(ny, s, nx, s).mean(axis=(1, 3))

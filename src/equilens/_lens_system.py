@@ -1,7 +1,6 @@
 """A lens system: a mass model, optional lens-galaxy light, and a source."""
 
 import equinox as eqx
-import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from ._custom_types import GridArray
@@ -80,5 +79,3 @@ class LensSystem(eqx.Module):
         x, y = grid.coordinates(supersampled=True)
         bx, by = self.mass.ray_shoot(x, y)
         return grid.bin(self.source.intensity(bx, by) * grid.pixel_area)
-
-

@@ -71,7 +71,9 @@ class Imaging(eqx.Module):
         if not m.any():
             raise ValueError("mask is empty: no pixel is used")
         if not np.all(np.isfinite(d[m])):
-            raise ValueError(f"data has {int((~np.isfinite(d[m])).sum())} NaN/inf pixels inside the mask")
+            raise ValueError(
+                f"data has {int((~np.isfinite(d[m])).sum())} NaN/inf pixels inside the mask"
+            )
         if not np.all(np.isfinite(n[m])):
             raise ValueError(
                 f"noise_map has {int((~np.isfinite(n[m])).sum())} NaN/inf pixels inside the mask"
@@ -95,8 +97,8 @@ class Imaging(eqx.Module):
         self.noise_map = jnp.asarray(n, dtype=dtype)
         self.psf = psf
         self.mask = jnp.asarray(m)
-        conv_shape = d.shape if psf.supersampling == 1 else tuple(
-            s * supersampling for s in d.shape
+        conv_shape = (
+            d.shape if psf.supersampling == 1 else tuple(s * supersampling for s in d.shape)
         )
         self.convolution = psf.fft_operator(conv_shape)
 

@@ -8,9 +8,7 @@ from .._grid import Grid
 from ..mass import AbstractMassProfile
 
 
-def critical_curves(
-    mass: AbstractMassProfile, grid: Grid
-) -> list[Float[np.ndarray, "n 2"]]:
+def critical_curves(mass: AbstractMassProfile, grid: Grid) -> list[Float[np.ndarray, "n 2"]]:
     """The critical curves (det A = 0) of `mass`, found on `grid` (its supersampled points
     when `grid.supersampling > 1`; finer grids give smoother curves).
 
@@ -28,9 +26,7 @@ def critical_curves(
     return [np.asarray(line) for line in gen.lines(0.0) if len(line) > 1]
 
 
-def caustics(
-    mass: AbstractMassProfile, grid: Grid
-) -> list[Float[np.ndarray, "n 2"]]:
+def caustics(mass: AbstractMassProfile, grid: Grid) -> list[Float[np.ndarray, "n 2"]]:
     """The caustics: the critical curves mapped to the source plane by the lens equation."""
     out = []
     for line in critical_curves(mass, grid):

@@ -5,6 +5,6 @@ from ._base import (
     AbstractLinearLightProfile as AbstractLinearLightProfile,
     LightSum as LightSum,
 )
-from ._gaussian import Gaussian as Gaussian, MGE as MGE
+from ._gaussian import MGE as MGE, Gaussian as Gaussian
 from ._sersic import CoreSersic as CoreSersic, Sersic as Sersic, sersic_b_n as sersic_b_n
 from ._shapelets import Shapelets as Shapelets, shapelet_indices as shapelet_indices

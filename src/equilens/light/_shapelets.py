@@ -1,8 +1,9 @@
 """Cartesian shapelets (Refregier 2003), lenstronomy's `SHAPELETS` convention."""
 
+import math
+
 import equinox as eqx
 import jax.numpy as jnp
-import math
 from jaxtyping import Array, ArrayLike, Float
 
 from .._custom_types import FloatScalar, GridArray, as_float
@@ -54,8 +55,7 @@ class Shapelets(AbstractLinearLightProfile):
         n = (self.n_max + 1) * (self.n_max + 2) // 2
         if self.amp.shape != (n,):
             raise ValueError(
-                f"Shapelets.amp must have shape ({n},) for n_max={self.n_max}, "
-                f"got {self.amp.shape}"
+                f"Shapelets.amp must have shape ({n},) for n_max={self.n_max}, got {self.amp.shape}"
             )
 
     def basis(self, x: GridArray, y: GridArray) -> Float[Array, "n_basis *grid"]:

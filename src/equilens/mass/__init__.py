@@ -5,7 +5,7 @@ from ._base import (
     MassBatch as MassBatch,
     MassSum as MassSum,
 )
-from ._nfw import EllipticalNFW as EllipticalNFW, NFW as NFW
+from ._nfw import NFW as NFW, EllipticalNFW as EllipticalNFW
 from ._power_law import EPL as EPL, SIE as SIE, SIS as SIS
 from ._simple import (
     ConvergenceSheet as ConvergenceSheet,

@@ -5,7 +5,6 @@ import abc
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
 
 from .._custom_types import GridArray
 
@@ -87,7 +86,9 @@ class MassSum(AbstractMassProfile):
 
     def deflection(self, x: GridArray, y: GridArray) -> Deflection:
         parts = [c.deflection(x, y) for c in self.components]
-        return sum(p[0] for p in parts[1:]) + parts[0][0], sum(p[1] for p in parts[1:]) + parts[0][1]
+        return sum(p[0] for p in parts[1:]) + parts[0][0], sum(p[1] for p in parts[1:]) + parts[0][
+            1
+        ]
 
     def potential(self, x: GridArray, y: GridArray) -> GridArray:
         parts = [c.potential(x, y) for c in self.components]
@@ -140,5 +141,3 @@ class MassBatch(AbstractMassProfile):
 
     def hessian(self, x: GridArray, y: GridArray) -> Hessian:
         return self._sum(lambda p, x, y: p.hessian(x, y), x, y)
-
-

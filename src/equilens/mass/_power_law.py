@@ -9,9 +9,8 @@ the convergence is `kappa = (3 - gamma)/2 * (theta_E / R)^(gamma - 1)` with
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
 
-from .._custom_types import FloatScalar, GridArray, ScalarLike, as_float
+from .._custom_types import FloatScalar, GridArray, as_float
 from .._math import (
     atanh_ratio_neg,
     atanh_ratio_pos,
@@ -23,7 +22,6 @@ from .._math import (
     unrotate,
 )
 from ._base import AbstractMassProfile, Deflection
-
 
 
 class SIS(AbstractMassProfile):
@@ -233,5 +231,3 @@ class EPL(AbstractMassProfile):
         safe_r2 = jnp.where(r2 > 0, r2, 1)
         k = (2 - t) / 2 * jnp.exp(t * (jnp.log(self.theta_E) - 0.5 * jnp.log(safe_r2)))
         return jnp.where(r2 > 0, k, jnp.inf)
-
-

@@ -25,7 +25,9 @@ def fast_fft_size(n: int) -> int:
         m += 1
 
 
-def fft_padded_shape(image_shape: tuple[int, int], kernel_shape: tuple[int, int]) -> tuple[int, int]:
+def fft_padded_shape(
+    image_shape: tuple[int, int], kernel_shape: tuple[int, int]
+) -> tuple[int, int]:
     """FFT shape for an exact 'same'-size linear convolution: `N + K//2` per axis is the
     least that keeps circular wrap-around out of the kept region, rounded up to a fast size."""
     return tuple(  # type: ignore[return-value]
@@ -63,8 +65,9 @@ class FFTConvolution(eqx.Module):
             raise ValueError(
                 f"FFTConvolution was prepared for shape {self.image_shape}, got {image.shape}"
             )
-        full = jnp.fft.irfft2(jnp.fft.rfft2(image, s=self.fft_shape) * self.kernel_ft,
-                              s=self.fft_shape)
+        full = jnp.fft.irfft2(
+            jnp.fft.rfft2(image, s=self.fft_shape) * self.kernel_ft, s=self.fft_shape
+        )
         oy, ox = self.kernel_shape[0] // 2, self.kernel_shape[1] // 2
         ny, nx = self.image_shape
         return full[oy : oy + ny, ox : ox + nx].astype(image.dtype)

@@ -1,0 +1,166 @@
+"""Forward-model benchmark: equilens vs lenstronomy on the same machine, in one run.
+
+Model: SIE + external shear lens, Sersic lens light, Sersic source; 100x100 pixels at
+0.05", 21x21 pixelated PSF, no supersampling, float64. Times (medians of many calls after
+compilation) for the model image and for the value-and-gradient of its chi2 with respect to
+all 21 parameters; first-call compile times; lenstronomy's model image on the same arrays.
+
+Run with `nox -s bench` or `python benchmarks/bench_forward.py [--repeats N]`.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import equinox as eqx  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import equilens as el  # noqa: E402
+from equilens import light, mass  # noqa: E402
+
+KW_LENS = [
+    dict(theta_E=1.2, e1=0.1, e2=-0.05, center_x=0.02, center_y=-0.01),
+    dict(gamma1=0.03, gamma2=-0.01, ra_0=0.0, dec_0=0.0),
+]
+KW_LENS_LIGHT = [
+    dict(amp=8.0, R_sersic=0.9, n_sersic=3.5, e1=0.05, e2=0.02, center_x=0.02, center_y=-0.01)
+]
+KW_SOURCE = [
+    dict(amp=20.0, R_sersic=0.15, n_sersic=1.3, e1=0.1, e2=0.1, center_x=0.05, center_y=0.03)
+]
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def psf_kernel() -> np.ndarray:
+    k = np.asarray(el.GaussianPSF(fwhm=0.12, pixel_scale=0.05).kernel())
+    pad = (21 - k.shape[0]) // 2
+    k = np.pad(k, pad)
+    return k / k.sum()
+
+
+def equilens_setup():
+    system = el.LensSystem(
+        mass=mass.SIE(**KW_LENS[0]) + mass.ExternalShear(**KW_LENS[1]),
+        lens_light=light.Sersic(**KW_LENS_LIGHT[0]),
+        source=light.Sersic(**KW_SOURCE[0]),
+    )
+    grid = el.Grid((100, 100), 0.05)
+    psf = el.PixelPSF(psf_kernel())
+    conv = psf.fft_operator(grid.shape)
+    return system, grid, conv
+
+
+def bench_equilens(repeats: int) -> dict[str, float]:
+    system, grid, conv = equilens_setup()
+    out = {}
+
+    @eqx.filter_jit
+    def image(system, conv):
+        return system.image(grid, conv)
+
+    t0 = time.perf_counter()
+    data = image(system, conv).block_until_ready()
+    out["image_compile"] = time.perf_counter() - t0
+    out["image"] = median_time(lambda: image(system, conv).block_until_ready(), repeats)
+
+    # chi2 and its gradient with respect to all 21 parameters (shear expansion point fixed)
+    noise = jnp.full(grid.shape, 0.05)
+    data = data + 0.05 * jax.random.normal(jax.random.key(0), grid.shape)
+    free = jax.tree.map(eqx.is_inexact_array, system)
+    free = eqx.tree_at(
+        lambda s: (s.mass.components[1].ra_0, s.mass.components[1].dec_0), free, (False, False)
+    )
+    params, static = eqx.partition(system, free)
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+    assert n_params == 21, n_params
+
+    @eqx.filter_jit
+    def value_and_grad(params, conv):
+        def chi2(p):
+            model = eqx.combine(p, static).image(grid, conv)
+            return jnp.sum(((model - data) / noise) ** 2)
+
+        return jax.value_and_grad(chi2)(params)
+
+    t0 = time.perf_counter()
+    jax.block_until_ready(value_and_grad(params, conv))
+    out["vg_compile"] = time.perf_counter() - t0
+    out["vg"] = median_time(lambda: jax.block_until_ready(value_and_grad(params, conv)), repeats)
+    return out
+
+
+def bench_lenstronomy(repeats: int) -> float | None:
+    try:
+        from lenstronomy.Data.imaging_data import ImageData
+        from lenstronomy.Data.psf import PSF
+        from lenstronomy.ImSim.image_model import ImageModel
+        from lenstronomy.LensModel.lens_model import LensModel
+        from lenstronomy.LightModel.light_model import LightModel
+    except ImportError:
+        return None
+    data = ImageData(
+        image_data=np.zeros((100, 100)),
+        ra_at_xy_0=-2.475,
+        dec_at_xy_0=-2.475,
+        transform_pix2angle=np.array([[0.05, 0], [0, 0.05]]),
+    )
+    psf = PSF(psf_type="PIXEL", kernel_point_source=psf_kernel())
+    model = ImageModel(
+        data,
+        psf,
+        lens_model_class=LensModel(["SIE", "SHEAR"]),
+        source_model_class=LightModel(["SERSIC_ELLIPSE"]),
+        lens_light_model_class=LightModel(["SERSIC_ELLIPSE"]),
+        kwargs_numerics={"supersampling_factor": 1, "supersampling_convolution": False},
+    )
+    img = model.image(KW_LENS, KW_SOURCE, KW_LENS_LIGHT)
+    system, grid, conv = equilens_setup()
+    ours = np.asarray(system.image(grid, conv))
+    diff = float(np.max(np.abs(img - ours)) / np.max(np.abs(img)))
+    print(f"  (check: equilens vs lenstronomy model image, max relative difference {diff:.1e})")
+    return median_time(lambda: model.image(KW_LENS, KW_SOURCE, KW_LENS_LIGHT), repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=300)
+    args = parser.parse_args()
+    print(
+        f"forward-model benchmark: 100x100, 21x21 PSF, float64, jax {jax.__version__}, "
+        f"{os.cpu_count()} CPU cores, {jax.devices()[0].platform}"
+    )
+    ours = bench_equilens(args.repeats)
+    ref = bench_lenstronomy(args.repeats)
+    ms = 1e3
+    print(
+        f"  equilens model image          {ours['image'] * ms:8.3f} ms   "
+        f"(first call incl. compile {ours['image_compile']:.2f} s)"
+    )
+    print(
+        f"  equilens value-and-grad (21)  {ours['vg'] * ms:8.3f} ms   "
+        f"(first call incl. compile {ours['vg_compile']:.2f} s)"
+    )
+    if ref is None:
+        print("  lenstronomy not installed: no reference timing")
+        return
+    print(f"  lenstronomy model image       {ref * ms:8.3f} ms")
+    print(f"  ratio lenstronomy / equilens, model image:      {ref / ours['image']:6.2f}x")
+    print(f"  ratio lenstronomy image / equilens value+grad:  {ref / ours['vg']:6.2f}x")
+
+
+if __name__ == "__main__":
+    main()

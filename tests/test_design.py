@@ -1,0 +1,83 @@
+"""Enforces the abstract/final pattern (../shared/STYLE.md) over every equilens module class."""
+
+import dataclasses
+import inspect
+
+import equinox as eqx
+import pytest
+
+import equilens as el
+from equilens import light, mass, psf
+
+ROOTS = [mass.AbstractMassProfile, light.AbstractLightProfile, psf.AbstractPSF]
+
+# Concrete methods of abstract classes that a final class may replace by an analytic form.
+OVERRIDE_ALLOWLIST = {"hessian", "convergence"}
+
+
+def _all_subclasses(cls):
+    out = set()
+    for sub in cls.__subclasses__():
+        if sub.__module__.startswith("equilens"):
+            out.add(sub)
+        out |= _all_subclasses(sub)
+    return out
+
+
+CLASSES = sorted(
+    {c for root in ROOTS for c in _all_subclasses(root)} | set(ROOTS), key=lambda c: c.__name__
+)
+
+
+def _is_abstract(cls) -> bool:
+    return cls.__name__.startswith("Abstract")
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_abstract_or_final(cls):
+    if _is_abstract(cls):
+        # abstract classes hold no fields (AbstractVar declarations are not fields)
+        own = [f.name for f in dataclasses.fields(cls)]
+        assert own == [], f"abstract {cls.__name__} declares fields {own}"
+        return
+    # final: nobody subclasses it, it has no abstract method left, and it inherits only from
+    # abstract classes
+    subs = [s for s in cls.__subclasses__() if s.__module__.startswith("equilens")]
+    assert subs == [], f"final class {cls.__name__} is subclassed by {subs}"
+    assert not inspect.isabstract(cls), f"{cls.__name__} leaves abstract methods unimplemented"
+    for base in cls.__mro__[1:]:
+        if base.__module__.startswith("equilens"):
+            assert _is_abstract(base), f"{cls.__name__} inherits from final {base.__name__}"
+
+
+@pytest.mark.parametrize(
+    "cls", [c for c in CLASSES if not _is_abstract(c)], ids=lambda c: c.__name__
+)
+def test_final_classes_override_only_allowlisted_concrete_methods(cls):
+    for name, value in vars(cls).items():
+        if not callable(value) or name.startswith("__"):
+            continue
+        for base in cls.__mro__[1:]:
+            if not base.__module__.startswith("equilens") or name not in vars(base):
+                continue
+            inherited = vars(base)[name]
+            if getattr(inherited, "__isabstractmethod__", False):
+                continue
+            assert name in OVERRIDE_ALLOWLIST, (
+                f"{cls.__name__}.{name} overrides the concrete {base.__name__}.{name}"
+            )
+
+
+def test_no_super_calls_or_hasattr_in_library():
+    import pathlib
+
+    src = pathlib.Path(el.__file__).parent
+    for path in src.rglob("*.py"):
+        text = path.read_text()
+        assert "super()" not in text, f"super() in {path}"
+        assert "hasattr(" not in text, f"hasattr in {path}"
+
+
+def test_modules_are_equinox_modules():
+    for cls in CLASSES:
+        assert issubclass(cls, eqx.Module)
