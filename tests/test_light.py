@@ -101,7 +101,7 @@ def test_gaussian_amp_is_total_flux():
     xs = jnp.linspace(-4, 4, 801)
     yy, xx = jnp.meshgrid(xs, xs, indexing="ij")
     total = float(p.intensity(xx, yy).sum() * (xs[1] - xs[0]) ** 2)
-    np.testing.assert_allclose(total, 4.0, rtol=1e-6)
+    np.testing.assert_allclose(total, 4.0, rtol=max(1e-6, 1e3 * default_eps()))
 
 
 def test_shapelets_basis_is_orthonormal():

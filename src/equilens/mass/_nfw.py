@@ -225,7 +225,9 @@ class EllipticalNFW(AbstractMassProfile):
             if want_potential:
                 pot = (a / q) * (q / (2 * s) * jnp.log(Phi) - q / s * jnp.log((1 + q) * s))
                 return norm * pot.sum(axis=0)
-            common = (a / q) * q / (s * psi * Phi)
+            # separate reciprocals: the product s * psi * Phi (~1e-24 at the centre for the
+            # smallest cores) underflows in float32, its square in the gradient even sooner
+            common = (a / s) * (1 / psi) * (1 / Phi)
             fx = (common * u * (psi + q * q * s)).sum(axis=0) * root_q
             fy = (common * v * (psi + s)).sum(axis=0) * root_q
             fx, fy = unrotate(fx, fy, cos_phi, sin_phi)
