@@ -5,12 +5,12 @@ import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "tests-3.11", "crosscheck"]
+nox.options.sessions = ["lint", "typecheck", "tests-3.11", "crosscheck", "examples", "docs"]
 
 PYTHONS = ["3.11", "3.12", "3.13"]
 # Pinned dev tools.
 RUFF = "ruff==0.14.5"
-PYRIGHT = "pyright==1.1.407"
+PYRIGHT = "pyright[nodejs]==1.1.407"
 
 
 @nox.session(python="3.11")

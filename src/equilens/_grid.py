@@ -11,8 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from ._custom_types import ScalarLike
-
 
 def _check_positive_int(name: str, value: int) -> None:
     if not isinstance(value, int | np.integer) or value < 1:
@@ -110,7 +108,7 @@ class Grid(eqx.Module):
         return Grid(self.shape, self.pixel_scale, self.origin, supersampling)
 
     def circular_mask(
-        self, radius: ScalarLike, center: tuple[float, float] = (0.0, 0.0)
+        self, radius: float, center: tuple[float, float] = (0.0, 0.0)
     ) -> Bool[np.ndarray, "ny nx"]:
         """Boolean array, True for pixels whose centre lies within `radius` arcsec of
         `center` (True = pixel used)."""
@@ -119,8 +117,8 @@ class Grid(eqx.Module):
 
     def annular_mask(
         self,
-        inner_radius: ScalarLike,
-        outer_radius: ScalarLike,
+        inner_radius: float,
+        outer_radius: float,
         center: tuple[float, float] = (0.0, 0.0),
     ) -> Bool[np.ndarray, "ny nx"]:
         """Boolean array, True for pixels with `inner_radius <= r <= outer_radius` (arcsec)."""

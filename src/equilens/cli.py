@@ -89,7 +89,9 @@ def run_demo(output: str, seed: int = 0) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="equilens", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="equilens", description="equilens: strong gravitational lens modelling"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="simulate a lens and write its image as PNG")
     demo.add_argument("--output", default="equilens_demo", help="output folder")

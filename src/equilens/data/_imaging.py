@@ -17,9 +17,10 @@ def _load_fits(path: str | os.PathLike, hdu: int = 0, what: str = "image") -> np
     if not os.path.isfile(path):
         raise ValueError(f"{what} file not found: {path}")
     with fits.open(path) as hdul:
-        if hdu >= len(hdul) or hdul[hdu].data is None:
+        data = hdul[hdu].data if hdu < len(hdul) else None  # pyright: ignore[reportAttributeAccessIssue]
+        if data is None:
             raise ValueError(f"{what} file {path} has no image data in HDU {hdu}")
-        return np.asarray(hdul[hdu].data, dtype=np.float64)
+        return np.asarray(data, dtype=np.float64)
 
 
 class Imaging(eqx.Module):

@@ -89,7 +89,8 @@ class AbstractPSF(eqx.Module):
     def convolve(self, image: Float[Array, "ny nx"], method: str = "fft") -> Float[Array, "ny nx"]:
         """Convolves `image` ('same' size, zero outside): `method` is 'fft' or 'direct'."""
         if method == "fft":
-            return FFTConvolution(self.kernel(), image.shape)(image)
+            shape = (int(image.shape[0]), int(image.shape[1]))
+            return FFTConvolution(self.kernel(), shape)(image)
         if method == "direct":
             return direct_convolve(image, self.kernel().astype(image.dtype))
         raise ValueError(f"convolution method must be 'fft' or 'direct', got {method!r}")
