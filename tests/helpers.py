@@ -4,7 +4,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import equilens as el
 from equilens import light, mass
 
 
@@ -88,5 +87,3 @@ def fd_grad(f, params: np.ndarray, h: float = 1e-6) -> np.ndarray:
         g[i] = (float(f(params + e)) - float(f(params - e))) / (2 * h)
     return g
 
-
-__all__ = ["el"]

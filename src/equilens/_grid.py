@@ -9,7 +9,7 @@ is then the (x, y) position of the array centre.
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, Bool, Float, Int
 
 
 def _check_positive_int(name: str, value: int) -> None:
@@ -144,7 +144,7 @@ class MaskedGrid(eqx.Module):
     """
 
     grid: Grid
-    indices: Array = eqx.field(static=False)
+    indices: Int[Array, " n"]
     n_pixels: int = eqx.field(static=True)
 
     def __init__(self, grid: Grid, mask: Bool[np.ndarray, "ny nx"]):
