@@ -86,4 +86,3 @@ def fd_grad(f, params: np.ndarray, h: float = 1e-6) -> np.ndarray:
         e[i] = h
         g[i] = (float(f(params + e)) - float(f(params - e))) / (2 * h)
     return g
-

@@ -103,6 +103,17 @@ class Grid(eqx.Module):
             return image
         return image.reshape(ny, s, nx, s).mean(axis=(1, 3))
 
+    def padded(self, shape: tuple[int, int]) -> "Grid":
+        """A larger grid of `shape` (>= this one's) whose first `(ny, nx)` pixels (rows and
+        columns from 0) coincide with this grid's pixels; used to evaluate a model directly
+        on the zero-padded domain of an FFT convolution."""
+        ny, nx = self.shape
+        if shape[0] < ny or shape[1] < nx:
+            raise ValueError(f"padded shape {shape} is smaller than the grid {self.shape}")
+        ox = self.origin[0] + 0.5 * (shape[1] - nx) * self.pixel_scale
+        oy = self.origin[1] + 0.5 * (shape[0] - ny) * self.pixel_scale
+        return Grid(shape, self.pixel_scale, (ox, oy), self.supersampling)
+
     def with_supersampling(self, supersampling: int) -> "Grid":
         """The same grid with another supersampling factor."""
         return Grid(self.shape, self.pixel_scale, self.origin, supersampling)

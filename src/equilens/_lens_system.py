@@ -1,6 +1,8 @@
 """A lens system: a mass model, optional lens-galaxy light, and a source."""
 
 import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from ._custom_types import GridArray
@@ -43,30 +45,41 @@ class LensSystem(eqx.Module):
 
         A PSF with `supersampling == 1` (or an `FFTConvolution` prepared for `grid.shape`)
         convolves the binned image; a PSF defined at the grid's supersampled resolution
-        convolves before binning. Any other combination raises `ValueError`.
+        convolves before binning. Any other combination raises `ValueError`. With an FFT at
+        the data resolution the model is evaluated on the FFT's padded domain and zeroed
+        outside the image (exactly the zero-padded linear convolution, and faster on CPU).
         """
-        x, y = grid.coordinates(supersampled=True)
-        flux = self.surface_brightness(x, y) * grid.pixel_area
         if psf is None:
-            return grid.bin(flux)
-        sub_shape = flux.shape
-        if isinstance(psf, FFTConvolution):
-            if psf.image_shape == grid.shape:
-                return psf(grid.bin(flux))
-            if psf.image_shape == sub_shape:
-                return grid.bin(psf(flux))
+            x, y = grid.coordinates(supersampled=True)
+            return grid.bin(self.surface_brightness(x, y) * grid.pixel_area)
+        sub_shape = (grid.shape[0] * grid.supersampling, grid.shape[1] * grid.supersampling)
+        if isinstance(psf, AbstractPSF):
+            if psf.supersampling == grid.supersampling and grid.supersampling > 1:
+                # PSF defined at the sub-pixel scale: convolve, then bin
+                x, y = grid.coordinates(supersampled=True)
+                return grid.bin(psf.convolve(self.surface_brightness(x, y) * grid.pixel_area))
+            if psf.supersampling != 1:
+                raise ValueError(
+                    f"PSF supersampling {psf.supersampling} must be 1 or equal the grid's "
+                    f"supersampling {grid.supersampling}"
+                )
+            psf = psf.fft_operator(grid.shape)
+        if psf.image_shape == sub_shape and grid.supersampling > 1:
+            x, y = grid.coordinates(supersampled=True)
+            return grid.bin(psf(self.surface_brightness(x, y) * grid.pixel_area))
+        if psf.image_shape != grid.shape:
             raise ValueError(
                 f"FFTConvolution prepared for shape {psf.image_shape}, but the grid has shape "
                 f"{grid.shape} (supersampled {sub_shape})"
             )
-        if psf.supersampling == 1:
-            return psf.convolve(grid.bin(flux))
-        if psf.supersampling == grid.supersampling:
-            return grid.bin(psf.convolve(flux))
-        raise ValueError(
-            f"PSF supersampling {psf.supersampling} must be 1 or equal the grid's "
-            f"supersampling {grid.supersampling}"
-        )
+        # Evaluate the model directly on the FFT's zero-padded domain (zeros outside the
+        # image), binned at the data resolution, then convolve without a separate pad.
+        padded = grid.padded(psf.fft_shape)
+        x, y = padded.coordinates(supersampled=True)
+        inside = np.zeros(x.shape, dtype=bool)
+        inside[: sub_shape[0], : sub_shape[1]] = True
+        flux = jnp.where(inside, self.surface_brightness(x, y) * grid.pixel_area, 0.0)
+        return psf.convolve_padded(padded.bin(flux))
 
     def source_plane_image(self, grid: Grid) -> Float[Array, "ny nx"]:
         """The unlensed source's surface brightness (per arcsec^2) on a source-plane `grid`
