@@ -4,7 +4,7 @@ import equinox as eqx
 import jax.numpy as jnp
 
 from .._custom_types import FloatScalar, GridArray, as_float
-from .._math import elliptical_radius_sq
+from .._math import elliptical_radius_sq, fast_log
 from ._base import AbstractLightProfile
 
 # lenstronomy's inner smoothing radius (arcsec): R is floored here, so the cusp of n > 1
@@ -41,8 +41,9 @@ class Sersic(AbstractLightProfile):
     def intensity(self, x: GridArray, y: GridArray) -> GridArray:
         r2 = elliptical_radius_sq(x - self.center_x, y - self.center_y, self.e1, self.e2)
         r2 = jnp.maximum(r2, _R_MIN * _R_MIN)
-        # (R / R_s)^(1/n) = exp(log(R^2 / R_s^2) / (2 n)): one log, one exp
-        ratio = jnp.exp(jnp.log(r2 / (self.R_sersic * self.R_sersic)) / (2 * self.n_sersic))
+        # (R / R_s)^(1/n) = exp((log R^2 - log R_s^2) / (2 n)): one log, one exp per pixel
+        k = 1 / (2 * self.n_sersic)
+        ratio = jnp.exp(k * (fast_log(r2) - 2 * jnp.log(self.R_sersic)))
         return self.amp * jnp.exp(-sersic_b_n(self.n_sersic) * (ratio - 1))
 
 

@@ -14,6 +14,7 @@ from .._custom_types import FloatScalar, GridArray, as_float
 from .._math import (
     elliptical_radius_sq,
     fast_arctan,
+    fast_atanh,
     inv_sqrt_or_zero,
     rotate,
     safe_sqrt,
@@ -82,9 +83,9 @@ class SIE(AbstractMassProfile):
             b_e = self.theta_E * jnp.sqrt(q) / e_prime
             u = e_prime * yp * inv_w
             ax = b_e * fast_arctan(e_prime * xp * inv_w)
-            # atanh(u) = log1p(2u / (1 - u)) / 2: relative precision also for small u, which
-            # the derivative with respect to q near q = 1 needs
-            ay = b_e * 0.5 * jnp.log1p(2 * u / (1 - u))
+            # fast_atanh keeps relative precision for small u, which the derivative with
+            # respect to q near q = 1 needs
+            ay = b_e * fast_atanh(u)
             return unrotate(ax, ay, cos_phi, sin_phi)
 
         return smooth_in_ellipticity(closed_form, self.e1, self.e2)
