@@ -86,3 +86,15 @@ def fd_grad(f, params: np.ndarray, h: float = 1e-6) -> np.ndarray:
         e[i] = h
         g[i] = (float(f(params + e)) - float(f(params - e))) / (2 * h)
     return g
+
+
+def final_subclasses(root: type) -> set[str]:
+    """Names of every final (non-`Abstract*`) equilens subclass of `root`."""
+    out = set()
+    stack = [root]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            if not sub.__name__.startswith("Abstract") and sub.__module__.startswith("equilens"):
+                out.add(sub.__name__)
+            stack.append(sub)
+    return out

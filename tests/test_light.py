@@ -7,22 +7,21 @@ import numpy as np
 import pytest
 
 from equilens import light
-from helpers import cast_tree, default_eps, example_light_profiles, rel_err, sample_points
+from helpers import (
+    cast_tree,
+    default_eps,
+    example_light_profiles,
+    final_subclasses,
+    rel_err,
+    sample_points,
+)
 
 PROFILES = example_light_profiles()
 NAMES = sorted(PROFILES)
 
 
 def test_registry_covers_every_final_light_profile():
-    finals = set()
-
-    def walk(cls):
-        for sub in cls.__subclasses__():
-            if not sub.__name__.startswith("Abstract") and sub.__module__.startswith("equilens"):
-                finals.add(sub.__name__)
-            walk(sub)
-
-    walk(light.AbstractLightProfile)
+    finals = final_subclasses(light.AbstractLightProfile)
     assert finals <= set(PROFILES), f"missing from the registry: {finals - set(PROFILES)}"
 
 

@@ -15,6 +15,7 @@ from helpers import (
     default_eps,
     example_mass_profiles,
     fd_grad,
+    final_subclasses,
     rel_err,
     sample_points,
 )
@@ -28,15 +29,7 @@ TOL = 2e3 * default_eps()
 
 
 def test_registry_covers_every_final_mass_profile():
-    finals = set()
-
-    def walk(cls):
-        for sub in cls.__subclasses__():
-            if not sub.__name__.startswith("Abstract") and sub.__module__.startswith("equilens"):
-                finals.add(sub.__name__)
-            walk(sub)
-
-    walk(mass.AbstractMassProfile)
+    finals = final_subclasses(mass.AbstractMassProfile)
     assert finals <= set(PROFILES), f"missing from the registry: {finals - set(PROFILES)}"
 
 
