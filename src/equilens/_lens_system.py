@@ -46,8 +46,8 @@ class LensSystem(eqx.Module):
         A PSF with `supersampling == 1` (or an `FFTConvolution` prepared for `grid.shape`)
         convolves the binned image; a PSF defined at the grid's supersampled resolution
         convolves before binning. Any other combination raises `ValueError`. With an FFT at
-        the data resolution the model is evaluated on the FFT's padded domain and zeroed
-        outside the image (exactly the zero-padded linear convolution, and faster on CPU).
+        the data resolution the model is evaluated on the FFT's column-padded domain and
+        zeroed outside the image (exactly the zero-padded linear convolution, faster on CPU).
         """
         if psf is None:
             x, y = grid.coordinates(supersampled=True)
@@ -72,12 +72,12 @@ class LensSystem(eqx.Module):
                 f"FFTConvolution prepared for shape {psf.image_shape}, but the grid has shape "
                 f"{grid.shape} (supersampled {sub_shape})"
             )
-        # Evaluate the model directly on the FFT's zero-padded domain (zeros outside the
-        # image), binned at the data resolution, then convolve without a separate pad.
-        padded = grid.padded(psf.fft_shape)
+        # Evaluate the model directly on the FFT's column-padded domain (zeros right of the
+        # image), binned at the data resolution, then convolve without a fused `pad`.
+        padded = grid.padded((grid.shape[0], psf.fft_shape[1]))
         x, y = padded.coordinates(supersampled=True)
         inside = np.zeros(x.shape, dtype=bool)
-        inside[: sub_shape[0], : sub_shape[1]] = True
+        inside[:, : sub_shape[1]] = True
         flux = jnp.where(inside, self.surface_brightness(x, y) * grid.pixel_area, 0.0)
         return psf.convolve_padded(padded.bin(flux))
 
