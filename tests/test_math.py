@@ -88,3 +88,12 @@ def test_elliptical_radius_matches_rotated_form():
         jnp.asarray(e2, _dtype()),
     )
     np.testing.assert_allclose(np.asarray(got), want, rtol=100 * default_eps())
+
+
+def test_ellipticity_conversions_round_trip():
+    import equilens as el
+
+    e1, e2 = el.ellipticity_from_q_phi(0.7, 0.4)
+    q, phi = el.q_phi_from_ellipticity(e1, e2)
+    assert q == pytest.approx(0.7, rel=1e-14) and phi == pytest.approx(0.4, rel=1e-14)
+    assert np.hypot(e1, e2) == pytest.approx(0.3 / 1.7, rel=1e-14)

@@ -9,7 +9,10 @@ normalisations for shared profiles.
 from . import data as data, lensing as lensing, light as light, mass as mass, psf as psf
 from ._grid import Grid as Grid, MaskedGrid as MaskedGrid
 from ._lens_system import LensSystem as LensSystem
-from ._math import ellipticity_from_q_phi as ellipticity_from_q_phi
+from ._math import (
+    ellipticity_from_q_phi as ellipticity_from_q_phi,
+    q_phi_from_ellipticity as q_phi_from_ellipticity,
+)
 from .data import Imaging as Imaging, simulate as simulate
 from .psf import GaussianPSF as GaussianPSF, PixelPSF as PixelPSF
 

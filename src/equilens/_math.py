@@ -20,26 +20,17 @@ def safe_sqrt(x: Float[Array, "*s"], floor: float = 0.0) -> Float[Array, "*s"]:
     return jnp.where(positive, jnp.sqrt(safe_x), jnp.sqrt(jnp.full_like(x, floor)))
 
 
-def safe_norm(dx: Float[Array, "*s"], dy: Float[Array, "*s"]) -> Float[Array, "*s"]:
-    """`hypot(dx, dy)` with a zero (finite) gradient at the origin."""
-    return safe_sqrt(dx * dx + dy * dy)
-
-
-def ellipticity_modulus(e1: FloatScalar, e2: FloatScalar) -> FloatScalar:
-    """`c = sqrt(e1^2 + e2^2)`, with a finite gradient at `c = 0`."""
-    return safe_sqrt(e1 * e1 + e2 * e2)
-
-
-def q_from_ellipticity(e1: FloatScalar, e2: FloatScalar) -> FloatScalar:
-    """Axis ratio `q = (1 - c) / (1 + c)` with `c = sqrt(e1^2 + e2^2)` (lenstronomy)."""
-    c = ellipticity_modulus(e1, e2)
-    return (1 - c) / (1 + c)
-
-
 def ellipticity_from_q_phi(q: float, phi: float) -> tuple[float, float]:
     """`(e1, e2) = (1 - q) / (1 + q) * (cos 2 phi, sin 2 phi)`; `phi` in radians, CCW from +x."""
     c = (1.0 - q) / (1.0 + q)
-    return float(c * jnp.cos(2 * phi)), float(c * jnp.sin(2 * phi))
+    return c * math.cos(2 * phi), c * math.sin(2 * phi)
+
+
+def q_phi_from_ellipticity(e1: float, e2: float) -> tuple[float, float]:
+    """Axis ratio `q = (1 - c)/(1 + c)`, `c = sqrt(e1^2 + e2^2)`, and position angle
+    `phi = atan2(e2, e1) / 2` (radians, CCW from +x): the inverse of `ellipticity_from_q_phi`."""
+    c = math.hypot(e1, e2)
+    return (1.0 - c) / (1.0 + c), 0.5 * math.atan2(e2, e1)
 
 
 def orientation(e1: FloatScalar, e2: FloatScalar) -> tuple[FloatScalar, FloatScalar, FloatScalar]:
