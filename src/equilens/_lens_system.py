@@ -48,6 +48,8 @@ class LensSystem(eqx.Module):
         convolves before binning. Any other combination raises `ValueError`. With an FFT at
         the data resolution the model is evaluated on the FFT's column-padded domain and
         zeroed outside the image (exactly the zero-padded linear convolution, faster on CPU).
+        Inside fits pass `psf.fft_operator(grid.shape)` (or `Imaging.convolution`), so that
+        the kernel's transform is computed once rather than in every call.
         """
         if psf is None:
             x, y = grid.coordinates(supersampled=True)
