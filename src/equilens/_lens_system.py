@@ -52,14 +52,12 @@ class LensSystem(eqx.Module):
         the kernel's transform is computed once rather than in every call.
         """
         if psf is None:
-            x, y = grid.coordinates(supersampled=True)
-            return grid.bin(self.surface_brightness(x, y) * grid.pixel_area)
+            return grid.bin(self._flux(grid))
         sub_shape = (grid.shape[0] * grid.supersampling, grid.shape[1] * grid.supersampling)
         if isinstance(psf, AbstractPSF):
             if psf.supersampling == grid.supersampling and grid.supersampling > 1:
                 # PSF defined at the sub-pixel scale: convolve, then bin
-                x, y = grid.coordinates(supersampled=True)
-                return grid.bin(psf.convolve(self.surface_brightness(x, y) * grid.pixel_area))
+                return grid.bin(psf.convolve(self._flux(grid)))
             if psf.supersampling != 1:
                 raise ValueError(
                     f"PSF supersampling {psf.supersampling} must be 1 or equal the grid's "
@@ -67,8 +65,7 @@ class LensSystem(eqx.Module):
                 )
             psf = psf.fft_operator(grid.shape)
         if psf.image_shape == sub_shape and grid.supersampling > 1:
-            x, y = grid.coordinates(supersampled=True)
-            return grid.bin(psf(self.surface_brightness(x, y) * grid.pixel_area))
+            return grid.bin(psf(self._flux(grid)))
         if psf.image_shape != grid.shape:
             raise ValueError(
                 f"FFTConvolution prepared for shape {psf.image_shape}, but the grid has shape "
@@ -77,11 +74,14 @@ class LensSystem(eqx.Module):
         # Evaluate the model directly on the FFT's column-padded domain (zeros right of the
         # image), binned at the data resolution, then convolve without a fused `pad`.
         padded = grid.padded((grid.shape[0], psf.fft_shape[1]))
-        x, y = padded.coordinates(supersampled=True)
-        inside = np.zeros(x.shape, dtype=bool)
+        inside = np.zeros((sub_shape[0], padded.shape[1] * grid.supersampling), dtype=bool)
         inside[:, : sub_shape[1]] = True
-        flux = jnp.where(inside, self.surface_brightness(x, y) * grid.pixel_area, 0.0)
-        return psf.convolve_padded(padded.bin(flux))
+        return psf.convolve_padded(padded.bin(jnp.where(inside, self._flux(padded), 0.0)))
+
+    def _flux(self, grid: Grid) -> Float[Array, "rows cols"]:
+        """Surface brightness times the pixel area on the grid's (sub-)pixel centres."""
+        x, y = grid.coordinates(supersampled=True)
+        return self.surface_brightness(x, y) * grid.pixel_area
 
     def source_plane_image(self, grid: Grid) -> Float[Array, "ny nx"]:
         """The unlensed source's surface brightness (per arcsec^2) on a source-plane `grid`

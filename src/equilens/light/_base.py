@@ -1,6 +1,7 @@
 """The light-profile interface and sums of profiles."""
 
 import abc
+import functools
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -56,5 +57,4 @@ class LightSum(AbstractLightProfile):
             raise ValueError("LightSum needs at least one component")
 
     def intensity(self, x: GridArray, y: GridArray) -> GridArray:
-        parts = [c.intensity(x, y) for c in self.components]
-        return sum(parts[1:]) + parts[0]
+        return functools.reduce(jnp.add, [c.intensity(x, y) for c in self.components])

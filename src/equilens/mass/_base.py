@@ -1,6 +1,7 @@
 """The mass-profile interface, sums of profiles and batches of identical profiles."""
 
 import abc
+import functools
 
 import equinox as eqx
 import jax
@@ -84,23 +85,21 @@ class MassSum(AbstractMassProfile):
         if len(self.components) == 0:
             raise ValueError("MassSum needs at least one component")
 
+    def _sum(self, method: str, x: GridArray, y: GridArray):
+        parts = [getattr(c, method)(x, y) for c in self.components]
+        return functools.reduce(lambda a, b: jax.tree.map(jnp.add, a, b), parts)
+
     def deflection(self, x: GridArray, y: GridArray) -> Deflection:
-        parts = [c.deflection(x, y) for c in self.components]
-        return sum(p[0] for p in parts[1:]) + parts[0][0], sum(p[1] for p in parts[1:]) + parts[0][
-            1
-        ]
+        return self._sum("deflection", x, y)
 
     def potential(self, x: GridArray, y: GridArray) -> GridArray:
-        parts = [c.potential(x, y) for c in self.components]
-        return sum(parts[1:]) + parts[0]
+        return self._sum("potential", x, y)
 
     def convergence(self, x: GridArray, y: GridArray) -> GridArray:
-        parts = [c.convergence(x, y) for c in self.components]
-        return sum(parts[1:]) + parts[0]
+        return self._sum("convergence", x, y)
 
     def hessian(self, x: GridArray, y: GridArray) -> Hessian:
-        parts = [c.hessian(x, y) for c in self.components]
-        return tuple(sum(p[k] for p in parts[1:]) + parts[0][k] for k in range(4))  # type: ignore
+        return self._sum("hessian", x, y)
 
 
 class MassBatch(AbstractMassProfile):
