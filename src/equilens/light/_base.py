@@ -5,6 +5,7 @@ import functools
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from .._custom_types import GridArray
@@ -33,18 +34,30 @@ class AbstractLightProfile(eqx.Module):
 class AbstractLinearLightProfile(AbstractLightProfile):
     """A light profile linear in its amplitudes: `I(x, y) = sum_k amp_k B_k(x, y)`.
 
-    `basis(x, y)` returns the basis images `B_k` (shape `(n_basis, *grid)`); a linear solve
-    (weighted least squares) can fill `amp` in from data instead of fitting it.
+    `amp` is a scalar for a parametric profile (one basis function: the profile at unit
+    amplitude, e.g. `Sersic`) or a vector for a basis set (`Shapelets`, `MGE`).
+    `basis(x, y)` returns the basis images `B_k` (shape `(n_basis, *grid)`), so a linear
+    solve (weighted least squares) can fill `amp` in from data instead of fitting it
+    (`equilens.terms.GaussianLikelihood(..., linear=True)`).
     """
 
-    amp: eqx.AbstractVar[Float[Array, " n_basis"]]
+    amp: eqx.AbstractVar[Float[Array, "*n_basis"]]
 
     @abc.abstractmethod
     def basis(self, x: GridArray, y: GridArray) -> Float[Array, "n_basis *grid"]:
         """The basis functions (surface brightness per unit amplitude) at `(x, y)`."""
 
+    @property
+    def n_basis(self) -> int:
+        """Number of linear amplitudes (`amp.size`)."""
+        return int(np.prod(jnp.shape(self.amp)))
+
     def intensity(self, x: GridArray, y: GridArray) -> GridArray:
-        return jnp.tensordot(self.amp, self.basis(x, y), axes=1)
+        amp = jnp.reshape(self.amp, (-1,))
+        basis = self.basis(x, y)
+        if basis.shape[0] == 1:
+            return amp[0] * basis[0]
+        return jnp.tensordot(amp, basis, axes=1)
 
 
 class LightSum(AbstractLightProfile):

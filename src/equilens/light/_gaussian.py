@@ -6,10 +6,10 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._custom_types import FloatScalar, GridArray, as_float
 from .._math import elliptical_radius_sq
-from ._base import AbstractLightProfile, AbstractLinearLightProfile
+from ._base import AbstractLinearLightProfile
 
 
-class Gaussian(AbstractLightProfile):
+class Gaussian(AbstractLinearLightProfile):
     """Elliptical Gaussian (lenstronomy `GAUSSIAN_ELLIPSE`):
 
         I = amp / (2 pi sigma^2) exp(-R^2 / (2 sigma^2)),  R^2 = q x'^2 + y'^2 / q,
@@ -26,10 +26,10 @@ class Gaussian(AbstractLightProfile):
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 
-    def intensity(self, x: GridArray, y: GridArray) -> GridArray:
+    def basis(self, x: GridArray, y: GridArray) -> Float[Array, "1 *grid"]:
         r2 = elliptical_radius_sq(x - self.center_x, y - self.center_y, self.e1, self.e2)
         s2 = self.sigma * self.sigma
-        return self.amp / (2 * jnp.pi * s2) * jnp.exp(-r2 / (2 * s2))
+        return (jnp.exp(-r2 / (2 * s2)) / (2 * jnp.pi * s2))[None]
 
 
 def _as_float_vector(x: Float[ArrayLike, "..."]) -> Float[Array, "..."]:

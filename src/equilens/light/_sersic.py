@@ -2,10 +2,11 @@
 
 import equinox as eqx
 import jax.numpy as jnp
+from jaxtyping import Array, Float
 
 from .._custom_types import FloatScalar, GridArray, as_float
 from .._math import elliptical_radius_sq, fast_log
-from ._base import AbstractLightProfile
+from ._base import AbstractLinearLightProfile
 
 # lenstronomy's inner smoothing radius (arcsec): R is floored here, so the cusp of n > 1
 # profiles has finite values and gradients at the centre.
@@ -18,7 +19,7 @@ def sersic_b_n(n_sersic: FloatScalar) -> FloatScalar:
     return jnp.maximum(1.9992 * n_sersic - 0.3271, 1e-5)
 
 
-class Sersic(AbstractLightProfile):
+class Sersic(AbstractLinearLightProfile):
     """Elliptical Sersic profile (lenstronomy `SERSIC_ELLIPSE`; Sersic 1963):
 
         I(R) = amp exp(-b_n [(R / R_sersic)^(1/n) - 1]),  R = sqrt(q x'^2 + y'^2 / q),
@@ -38,16 +39,16 @@ class Sersic(AbstractLightProfile):
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 
-    def intensity(self, x: GridArray, y: GridArray) -> GridArray:
+    def basis(self, x: GridArray, y: GridArray) -> Float[Array, "1 *grid"]:
         r2 = elliptical_radius_sq(x - self.center_x, y - self.center_y, self.e1, self.e2)
         r2 = jnp.maximum(r2, _R_MIN * _R_MIN)
         # (R / R_s)^(1/n) = exp((log R^2 - log R_s^2) / (2 n)): one log, one exp per pixel
         k = 1 / (2 * self.n_sersic)
         ratio = jnp.exp(k * (fast_log(r2) - 2 * jnp.log(self.R_sersic)))
-        return self.amp * jnp.exp(-sersic_b_n(self.n_sersic) * (ratio - 1))
+        return jnp.exp(-sersic_b_n(self.n_sersic) * (ratio - 1))[None]
 
 
-class CoreSersic(AbstractLightProfile):
+class CoreSersic(AbstractLinearLightProfile):
     """Core-Sersic profile (Graham et al. 2003; Trujillo et al. 2004; lenstronomy
     `CORE_SERSIC`):
 
@@ -72,7 +73,7 @@ class CoreSersic(AbstractLightProfile):
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
     alpha: FloatScalar = eqx.field(converter=as_float, default=3.0)
 
-    def intensity(self, x: GridArray, y: GridArray) -> GridArray:
+    def basis(self, x: GridArray, y: GridArray) -> Float[Array, "1 *grid"]:
         r2 = elliptical_radius_sq(x - self.center_x, y - self.center_y, self.e1, self.e2)
         log_r = 0.5 * jnp.log(jnp.maximum(r2, _R_MIN * _R_MIN))
         log_rb, log_re = jnp.log(self.Rb), jnp.log(self.R_sersic)
@@ -81,4 +82,4 @@ class CoreSersic(AbstractLightProfile):
         rb_a = jnp.exp(a * log_rb)
         core = jnp.exp(self.gamma / a * jnp.log1p(jnp.exp(a * (log_rb - log_r))))
         outer = jnp.exp(jnp.log((r_a + rb_a) / jnp.exp(a * log_re)) / (a * n))
-        return self.amp * core * jnp.exp(-sersic_b_n(n) * (outer - 1))
+        return (core * jnp.exp(-sersic_b_n(n) * (outer - 1)))[None]
