@@ -6,7 +6,16 @@ y with the row `i`; position angles in radians counter-clockwise from +x; ellipt
 normalisations for shared profiles.
 """
 
-from . import data as data, lensing as lensing, light as light, mass as mass, psf as psf
+from . import (
+    data as data,
+    lensing as lensing,
+    light as light,
+    mass as mass,
+    objective as objective,
+    psf as psf,
+    solve as solve,
+    terms as terms,
+)
 from ._grid import Grid as Grid, MaskedGrid as MaskedGrid
 from ._lens_system import LensSystem as LensSystem
 from ._math import (
@@ -14,6 +23,20 @@ from ._math import (
     q_phi_from_ellipticity as q_phi_from_ellipticity,
 )
 from .data import Imaging as Imaging, simulate as simulate
+from .objective import Objective as Objective, select as select
 from .psf import GaussianPSF as GaussianPSF, PixelPSF as PixelPSF
+from .solve import (
+    RESULTS as RESULTS,
+    FitResult as FitResult,
+    fit as fit,
+    fit_batch as fit_batch,
+)
+from .terms import (
+    GaussianLikelihood as GaussianLikelihood,
+    GaussianPrior as GaussianPrior,
+    PoissonLikelihood as PoissonLikelihood,
+    PositionsTerm as PositionsTerm,
+    UniformPrior as UniformPrior,
+)
 
 __version__ = "0.1.0"

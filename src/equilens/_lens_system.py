@@ -1,13 +1,16 @@
 """A lens system: a mass model, optional lens-galaxy light, and a source."""
 
+from collections.abc import Callable
+
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
 from ._custom_types import GridArray
 from ._grid import Grid
-from .light import AbstractLightProfile
+from .light import AbstractLightProfile, AbstractLinearLightProfile, LightSum
 from .mass import AbstractMassProfile
 from .mass._base import Deflection
 from .psf import AbstractPSF, FFTConvolution
@@ -51,37 +54,82 @@ class LensSystem(eqx.Module):
         Inside fits pass `psf.fft_operator(grid.shape)` (or `Imaging.convolution`), so that
         the kernel's transform is computed once rather than in every call.
         """
-        if psf is None:
-            return grid.bin(self._flux(grid))
-        sub_shape = (grid.shape[0] * grid.supersampling, grid.shape[1] * grid.supersampling)
-        if isinstance(psf, AbstractPSF):
-            if psf.supersampling == grid.supersampling and grid.supersampling > 1:
-                # PSF defined at the sub-pixel scale: convolve, then bin
-                return grid.bin(psf.convolve(self._flux(grid)))
-            if psf.supersampling != 1:
-                raise ValueError(
-                    f"PSF supersampling {psf.supersampling} must be 1 or equal the grid's "
-                    f"supersampling {grid.supersampling}"
-                )
-            psf = psf.fft_operator(grid.shape)
-        if psf.image_shape == sub_shape and grid.supersampling > 1:
-            return grid.bin(psf(self._flux(grid)))
-        if psf.image_shape != grid.shape:
-            raise ValueError(
-                f"FFTConvolution prepared for shape {psf.image_shape}, but the grid has shape "
-                f"{grid.shape} (supersampled {sub_shape})"
-            )
-        # Evaluate the model directly on the FFT's column-padded domain (zeros right of the
-        # image), binned at the data resolution, then convolve without a fused `pad`.
-        padded = grid.padded((grid.shape[0], psf.fft_shape[1]))
-        inside = np.zeros((sub_shape[0], padded.shape[1] * grid.supersampling), dtype=bool)
-        inside[:, : sub_shape[1]] = True
-        return psf.convolve_padded(padded.bin(jnp.where(inside, self._flux(padded), 0.0)))
+        return _render(grid, psf, self._flux)
 
     def _flux(self, grid: Grid) -> Float[Array, "rows cols"]:
         """Surface brightness times the pixel area on the grid's (sub-)pixel centres."""
         x, y = grid.coordinates(supersampled=True)
         return self.surface_brightness(x, y) * grid.pixel_area
+
+    # -- linear light: the amplitudes of `AbstractLinearLightProfile` components --
+
+    def linear_components(self) -> tuple[tuple[str, int], ...]:
+        """The light components linear in their amplitudes, as `(field, index)` pairs:
+        `field` is "lens_light" or "source", `index` the position in its `LightSum` (0 for
+        a single profile). Their amplitudes, in this order, are what a linear solve fills."""
+        out = []
+        for name in ("lens_light", "source"):
+            for i, comp in enumerate(_light_components(getattr(self, name))):
+                if isinstance(comp, AbstractLinearLightProfile):
+                    out.append((name, i))
+        return tuple(out)
+
+    def amplitudes(self) -> Float[Array, " n_linear"]:
+        """All linear amplitudes (in `linear_components` order), concatenated."""
+        amps = [jnp.reshape(c.amp, (-1,)) for c in self.linear_profiles()]
+        if not amps:
+            return jnp.zeros((0,))
+        return jnp.concatenate(amps)
+
+    def with_amplitudes(self, amps: Float[Array, " n_linear"]) -> "LensSystem":
+        """A copy whose linear amplitudes are replaced by `amps` (`amplitudes` order)."""
+        profiles = self.linear_profiles()
+        sizes = [c.n_basis for c in profiles]
+        if amps.shape != (sum(sizes),):
+            raise ValueError(f"expected {sum(sizes)} amplitudes, got shape {amps.shape}")
+        new, start = [], 0
+        for c, n in zip(profiles, sizes, strict=True):
+            new.append(jnp.reshape(amps[start : start + n], jnp.shape(c.amp)).astype(c.amp.dtype))
+            start += n
+        return eqx.tree_at(lambda s: [c.amp for c in s.linear_profiles()], self, new)
+
+    def linear_images(
+        self, grid: Grid, psf: AbstractPSF | FFTConvolution | None = None
+    ) -> tuple[Float[Array, "n_linear ny nx"], Float[Array, "ny nx"] | None]:
+        """The model image of each linear basis function at unit amplitude (convolved and
+        binned as `image`), and the image of the non-linear light (None when every light
+        component is linear), so that `image = sum_k amp_k images[k] + fixed`.
+
+        Raises `ValueError` when the system has no linear light component."""
+        parts = self.linear_components()
+        if not parts:
+            raise ValueError("the lens system has no linear light component")
+
+        def flux(g: Grid) -> Float[Array, "n_linear rows cols"]:
+            x, y = g.coordinates(supersampled=True)
+            bx, by = self.mass.ray_shoot(x, y)
+            out = []
+            for name, i in parts:
+                comp = _light_components(getattr(self, name))[i]
+                assert isinstance(comp, AbstractLinearLightProfile)
+                out.append(comp.basis(bx, by) if name == "source" else comp.basis(x, y))
+            return jnp.concatenate(out, axis=0) * g.pixel_area
+
+        images = _render(grid, psf, flux)
+        n_light = len(_light_components(self.lens_light)) + len(_light_components(self.source))
+        fixed = None
+        if n_light > len(parts):
+            fixed = self.with_amplitudes(jnp.zeros_like(self.amplitudes())).image(grid, psf)
+        return images, fixed
+
+    def linear_profiles(self) -> list[AbstractLinearLightProfile]:
+        """The linear light components, in `linear_components` order."""
+        out = []
+        for name, i in self.linear_components():
+            comp = _light_components(getattr(self, name))[i]
+            assert isinstance(comp, AbstractLinearLightProfile)
+            out.append(comp)
+        return out
 
     def source_plane_image(self, grid: Grid) -> Float[Array, "ny nx"]:
         """The unlensed source's surface brightness (per arcsec^2) on a source-plane `grid`
@@ -94,3 +142,54 @@ class LensSystem(eqx.Module):
         x, y = grid.coordinates(supersampled=True)
         bx, by = self.mass.ray_shoot(x, y)
         return grid.bin(self.source.intensity(bx, by) * grid.pixel_area)
+
+
+def _light_components(profile: AbstractLightProfile | None) -> tuple[AbstractLightProfile, ...]:
+    if profile is None:
+        return ()
+    return profile.components if isinstance(profile, LightSum) else (profile,)
+
+
+def _map2d(
+    fn: Callable[[Float[Array, "a b"]], Float[Array, "c d"]], x: Float[Array, "*batch a b"]
+) -> Float[Array, "*batch c d"]:
+    return fn(x) if x.ndim == 2 else jax.vmap(fn)(x)
+
+
+def _bin(grid: Grid, flux: Float[Array, "*batch rows cols"]) -> Float[Array, "*batch ny nx"]:
+    return _map2d(grid.bin, flux)
+
+
+def _render(
+    grid: Grid,
+    psf: AbstractPSF | FFTConvolution | None,
+    flux_fn: Callable[[Grid], Float[Array, "*batch rows cols"]],
+) -> Float[Array, "*batch ny nx"]:
+    """Bins and convolves `flux_fn(g)` (flux per (sub-)pixel of a grid `g`, with optional
+    leading batch axes) as `LensSystem.image` describes."""
+    if psf is None:
+        return _bin(grid, flux_fn(grid))
+    sub_shape = (grid.shape[0] * grid.supersampling, grid.shape[1] * grid.supersampling)
+    if isinstance(psf, AbstractPSF):
+        if psf.supersampling == grid.supersampling and grid.supersampling > 1:
+            # PSF defined at the sub-pixel scale: convolve, then bin
+            return _bin(grid, _map2d(psf.convolve, flux_fn(grid)))
+        if psf.supersampling != 1:
+            raise ValueError(
+                f"PSF supersampling {psf.supersampling} must be 1 or equal the grid's "
+                f"supersampling {grid.supersampling}"
+            )
+        psf = psf.fft_operator(grid.shape)
+    if psf.image_shape == sub_shape and grid.supersampling > 1:
+        return _bin(grid, _map2d(psf, flux_fn(grid)))
+    if psf.image_shape != grid.shape:
+        raise ValueError(
+            f"FFTConvolution prepared for shape {psf.image_shape}, but the grid has shape "
+            f"{grid.shape} (supersampled {sub_shape})"
+        )
+    # Evaluate the model directly on the FFT's column-padded domain (zeros right of the
+    # image), binned at the data resolution, then convolve without a fused `pad`.
+    padded = grid.padded((grid.shape[0], psf.fft_shape[1]))
+    inside = np.zeros((sub_shape[0], padded.shape[1] * grid.supersampling), dtype=bool)
+    inside[:, : sub_shape[1]] = True
+    return _map2d(psf.convolve_padded, _bin(padded, jnp.where(inside, flux_fn(padded), 0.0)))

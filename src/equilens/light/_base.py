@@ -2,6 +2,7 @@
 
 import abc
 import functools
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -18,6 +19,13 @@ class AbstractLightProfile(eqx.Module):
     electrons/s/arcsec^2) at positions `x, y` in arcsec. Profiles add: `Sersic(...) +
     Gaussian(...)` is a `LightSum`.
     """
+
+    #: Default bounds `{field: (lower, upper)}` that `equilens.fit` keeps each parameter in
+    #: (by reparametrisation; `(0, inf)` is positivity). Final classes declare their own.
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {}
+    #: Fields `equilens.fit` holds fixed unless `free=` says otherwise (e.g. a shear's
+    #: expansion point, degenerate with the source position).
+    fixed: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def intensity(self, x: GridArray, y: GridArray) -> GridArray:

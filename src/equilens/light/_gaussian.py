@@ -1,5 +1,8 @@
 """Gaussian profiles: elliptical Gaussian and the multi-Gaussian expansion (MGE)."""
 
+import math
+from typing import ClassVar
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
@@ -18,6 +21,12 @@ class Gaussian(AbstractLinearLightProfile):
 
     **Arguments:** `amp` (total flux), `sigma` (arcsec), `e1`, `e2`, `center_x`, `center_y`.
     """
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "sigma": (0.0, math.inf),
+        "e1": (-0.6, 0.6),
+        "e2": (-0.6, 0.6),
+    }
 
     amp: FloatScalar = eqx.field(converter=as_float)
     sigma: FloatScalar = eqx.field(converter=as_float)
@@ -46,6 +55,14 @@ class MGE(AbstractLinearLightProfile):
     **Arguments:** `amp` (shape `(K,)`, total flux of each Gaussian), `sigma` (shape `(K,)`,
     arcsec; normally held fixed, e.g. log-spaced), `e1`, `e2`, `center_x`, `center_y`.
     """
+
+    fixed: ClassVar[tuple[str, ...]] = ("sigma",)
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "sigma": (0.0, math.inf),
+        "e1": (-0.6, 0.6),
+        "e2": (-0.6, 0.6),
+    }
 
     amp: Float[Array, " n_basis"] = eqx.field(converter=_as_float_vector)
     sigma: Float[Array, " n_basis"] = eqx.field(converter=_as_float_vector)

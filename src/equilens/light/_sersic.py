@@ -1,5 +1,8 @@
 """Sersic and core-Sersic profiles (lenstronomy `SERSIC_ELLIPSE`, `CORE_SERSIC`)."""
 
+import math
+from typing import ClassVar
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float
@@ -31,6 +34,13 @@ class Sersic(AbstractLinearLightProfile):
     `center_y` (arcsec).
     """
 
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "R_sersic": (0.0, math.inf),
+        "n_sersic": (0.3, 8.0),
+        "e1": (-0.6, 0.6),
+        "e2": (-0.6, 0.6),
+    }
+
     amp: FloatScalar = eqx.field(converter=as_float)
     R_sersic: FloatScalar = eqx.field(converter=as_float)
     n_sersic: FloatScalar = eqx.field(converter=as_float)
@@ -61,6 +71,17 @@ class CoreSersic(AbstractLinearLightProfile):
     **Arguments:** `amp` (flux/arcsec^2), `R_sersic` (arcsec), `Rb` (arcsec), `n_sersic`,
     `gamma`, `e1`, `e2`, `center_x`, `center_y` (arcsec), `alpha` (default 3).
     """
+
+    fixed: ClassVar[tuple[str, ...]] = ("alpha",)
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "R_sersic": (0.0, math.inf),
+        "Rb": (0.0, math.inf),
+        "n_sersic": (0.3, 8.0),
+        "alpha": (0.0, math.inf),
+        "e1": (-0.6, 0.6),
+        "e2": (-0.6, 0.6),
+    }
 
     amp: FloatScalar = eqx.field(converter=as_float)
     R_sersic: FloatScalar = eqx.field(converter=as_float)

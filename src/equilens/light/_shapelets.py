@@ -1,6 +1,7 @@
 """Cartesian shapelets (Refregier 2003), lenstronomy's `SHAPELETS` convention."""
 
 import math
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -42,6 +43,8 @@ class Shapelets(AbstractLinearLightProfile):
     **Arguments:** `amp` (shape `((n_max+1)(n_max+2)/2,)`, flux/arcsec^2), `n_max` (static
     int), `beta` (scale, arcsec), `center_x`, `center_y` (arcsec).
     """
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {"beta": (0.0, math.inf)}
 
     amp: Float[Array, " n_basis"] = eqx.field(converter=_as_float_vector)
     n_max: int = eqx.field(static=True)

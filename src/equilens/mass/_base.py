@@ -2,6 +2,7 @@
 
 import abc
 import functools
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -24,6 +25,13 @@ class AbstractMassProfile(eqx.Module):
     All methods take coordinates `x`, `y` (arcsec) of any common shape and return arrays of
     that shape. Profiles add: `SIE(...) + ExternalShear(...)` is a `MassSum`.
     """
+
+    #: Default bounds `{field: (lower, upper)}` that `equilens.fit` keeps each parameter in
+    #: (by reparametrisation; `(0, inf)` is positivity). Final classes declare their own.
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {}
+    #: Fields `equilens.fit` holds fixed unless `free=` says otherwise (e.g. a shear's
+    #: expansion point, degenerate with the source position).
+    fixed: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def deflection(self, x: GridArray, y: GridArray) -> Deflection:

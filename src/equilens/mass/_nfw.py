@@ -13,6 +13,9 @@ where `G(u) = atanh(sqrt u)/sqrt u` for `u > 0` and `atan(sqrt(-u))/sqrt(-u)` fo
 is one analytic function (so X = 1 needs no special case).
 """
 
+import math
+from typing import ClassVar
+
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
@@ -62,6 +65,11 @@ class NFW(AbstractMassProfile):
     `center_x`, `center_y` (arcsec). Formulas in the module docstring. Inside
     `X < 10 sqrt(eps)` (1.5e-7 Rs in float64) the radius is floored.
     """
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "Rs": (0.0, math.inf),
+        "alpha_Rs": (0.0, math.inf),
+    }
 
     Rs: FloatScalar = eqx.field(converter=as_float)
     alpha_Rs: FloatScalar = eqx.field(converter=as_float)
@@ -197,6 +205,13 @@ class EllipticalNFW(AbstractMassProfile):
 
     **Arguments:** `Rs` (arcsec), `alpha_Rs` (arcsec), `e1`, `e2`, `center_x`, `center_y`.
     """
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "Rs": (0.0, math.inf),
+        "alpha_Rs": (0.0, math.inf),
+        "e1": (-0.6, 0.6),
+        "e2": (-0.6, 0.6),
+    }
 
     Rs: FloatScalar = eqx.field(converter=as_float)
     alpha_Rs: FloatScalar = eqx.field(converter=as_float)

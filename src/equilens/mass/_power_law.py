@@ -6,6 +6,9 @@ the convergence is `kappa = (3 - gamma)/2 * (theta_E / R)^(gamma - 1)` with
 `R = sqrt(q x'^2 + y'^2 / q)`, and `(e1, e2) = (1-q)/(1+q) (cos 2phi, sin 2phi)`.
 """
 
+import math
+from typing import ClassVar
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -31,6 +34,8 @@ class SIS(AbstractMassProfile):
 
     **Arguments:** `theta_E` (Einstein radius, arcsec), `center_x`, `center_y` (arcsec).
     """
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {"theta_E": (0.0, math.inf)}
 
     theta_E: FloatScalar = eqx.field(converter=as_float)
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
@@ -64,6 +69,12 @@ class SIE(AbstractMassProfile):
     **Arguments:** `theta_E` (arcsec), `e1`, `e2` (ellipticity components), `center_x`,
     `center_y` (arcsec).
     """
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "theta_E": (0.0, math.inf),
+        "e1": (-0.6, 0.6),
+        "e2": (-0.6, 0.6),
+    }
 
     theta_E: FloatScalar = eqx.field(converter=as_float)
     e1: FloatScalar = eqx.field(converter=as_float, default=0.0)
@@ -196,6 +207,13 @@ class EPL(AbstractMassProfile):
     **Arguments:** `theta_E` (arcsec), `gamma` (3D density slope), `e1`, `e2`,
     `center_x`, `center_y` (arcsec).
     """
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "theta_E": (0.0, math.inf),
+        "gamma": (1.1, 2.9),
+        "e1": (-0.6, 0.6),
+        "e2": (-0.6, 0.6),
+    }
 
     theta_E: FloatScalar = eqx.field(converter=as_float)
     gamma: FloatScalar = eqx.field(converter=as_float, default=2.0)

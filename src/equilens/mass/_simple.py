@@ -1,5 +1,8 @@
 """Point mass, external shear, convergence sheet and multipoles (lenstronomy conventions)."""
 
+import math
+from typing import ClassVar
+
 import equinox as eqx
 import jax.numpy as jnp
 
@@ -15,6 +18,8 @@ class PointMass(AbstractMassProfile):
     **Arguments:** `theta_E` (Einstein radius, arcsec), `center_x`, `center_y` (arcsec).
     At the exact centre the deflection is set to 0 (finite gradients).
     """
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {"theta_E": (0.0, math.inf)}
 
     theta_E: FloatScalar = eqx.field(converter=as_float)
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
@@ -44,6 +49,13 @@ class ExternalShear(AbstractMassProfile):
     point; it changes only the potential's constant and the deflection's constant offset).
     """
 
+    fixed: ClassVar[tuple[str, ...]] = ("ra_0", "dec_0")
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "gamma1": (-0.5, 0.5),
+        "gamma2": (-0.5, 0.5),
+    }
+
     gamma1: FloatScalar = eqx.field(converter=as_float)
     gamma2: FloatScalar = eqx.field(converter=as_float)
     ra_0: FloatScalar = eqx.field(converter=as_float, default=0.0)
@@ -72,6 +84,8 @@ class ConvergenceSheet(AbstractMassProfile):
     **Arguments:** `kappa` (dimensionless), `ra_0`, `dec_0` (arcsec).
     """
 
+    fixed: ClassVar[tuple[str, ...]] = ("ra_0", "dec_0")
+
     kappa: FloatScalar = eqx.field(converter=as_float)
     ra_0: FloatScalar = eqx.field(converter=as_float, default=0.0)
     dec_0: FloatScalar = eqx.field(converter=as_float, default=0.0)
@@ -98,6 +112,10 @@ class Multipole(AbstractMassProfile):
     (orientation, radians CCW from +x), `center_x`, `center_y` (arcsec), `r_E` (arcsec,
     only used for m = 1; default 1).
     """
+
+    fixed: ClassVar[tuple[str, ...]] = ("r_E",)
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {"r_E": (0.0, math.inf)}
 
     m: int = eqx.field(static=True)
     a_m: FloatScalar = eqx.field(converter=as_float)

@@ -1,0 +1,106 @@
+"""An objective: a weighted sum of terms over a model pytree."""
+
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float, PyTree, Scalar
+
+from ..terms import AbstractImagingTerm, AbstractLeastSquaresTerm, AbstractTerm
+
+
+class Objective(eqx.Module):
+    """`objective(model) = sum_i weights[i] * terms[i](model)`: the negative log posterior
+    (up to the evidence) that `equilens.fit` minimises.
+
+    **Arguments:** `terms` (a term or a sequence of terms); `weights` (default all 1; an
+    array field, so a survey can batch over it).
+
+    When every term is a least-squares term, `residuals(model)` concatenates the whitened
+    residuals `sqrt(w_i) r_i`, and `objective(model) = 0.5 |residuals|^2 + constant()`:
+    that is what Levenberg-Marquardt uses.
+    """
+
+    terms: tuple[AbstractTerm, ...]
+    weights: Float[Array, " n_terms"]
+
+    def __init__(
+        self,
+        terms: AbstractTerm | Sequence[AbstractTerm],
+        weights: Float[ArrayLike, " n_terms"] | None = None,
+    ):
+        terms = (terms,) if isinstance(terms, AbstractTerm) else tuple(terms)
+        if not terms:
+            raise ValueError("an Objective needs at least one term")
+        for t in terms:
+            if not isinstance(t, AbstractTerm):
+                raise TypeError(f"Objective terms must be AbstractTerm instances, got {type(t)}")
+        self.terms = terms
+        dtype = jnp.result_type(float)
+        w = jnp.ones(len(terms), dtype) if weights is None else jnp.asarray(weights, dtype)
+        if w.shape != (len(terms),):
+            raise ValueError(f"weights must have shape ({len(terms)},), got {w.shape}")
+        self.weights = w
+
+    def values(self, model: PyTree[Any]) -> Float[Array, " n_terms"]:
+        """Each term's (unweighted) value."""
+        return jnp.stack([t(model) for t in self.terms])
+
+    def __call__(self, model: PyTree[Any]) -> Scalar:
+        return jnp.sum(self.weights * self.values(model))
+
+    @property
+    def least_squares(self) -> bool:
+        """True when every term has whitened residuals (Levenberg-Marquardt applies)."""
+        return all(isinstance(t, AbstractLeastSquaresTerm) for t in self.terms)
+
+    def residuals(self, model: PyTree[Any]) -> Float[Array, " n"]:
+        """Whitened residuals of all terms, each scaled by `sqrt(weight)`, concatenated.
+
+        Raises `TypeError` if a term is not a least-squares term."""
+        parts = []
+        for w, t in zip(self.weights, self.terms, strict=True):
+            if not isinstance(t, AbstractLeastSquaresTerm):
+                raise TypeError(
+                    f"{type(t).__name__} has no least-squares form (no whitened residuals): "
+                    "use a minimiser (e.g. solver='bfgs') instead of Levenberg-Marquardt"
+                )
+            parts.append(jnp.sqrt(w) * t.residuals(model))
+        return jnp.concatenate(parts)
+
+    def constant(self) -> Scalar:
+        """`objective - 0.5 |residuals|^2` (least-squares objectives only)."""
+        out = jnp.zeros((), self.weights.dtype)
+        for w, t in zip(self.weights, self.terms, strict=True):
+            if not isinstance(t, AbstractLeastSquaresTerm):
+                raise TypeError(f"{type(t).__name__} is not a least-squares term")
+            out = out + w * t.constant()
+        return out
+
+    def imaging_terms(self) -> tuple[AbstractImagingTerm, ...]:
+        return tuple(t for t in self.terms if isinstance(t, AbstractImagingTerm))
+
+    def complete(self, model: PyTree[Any]) -> PyTree[Any]:
+        """`model` with the linear amplitudes solved by the first imaging term that solves
+        them (`linear=True`); unchanged if none does."""
+        for t in self.imaging_terms():
+            if t.linear:
+                return t.complete(model)
+        return model
+
+    def solves_linear(self) -> bool:
+        """Whether an imaging term solves the linear amplitudes (so they are not fitted)."""
+        return any(t.linear for t in self.imaging_terms())
+
+    def chi2(self, model: PyTree[Any]) -> Scalar:
+        """Sum of the imaging terms' chi2 (normalised residuals squared over their masks)."""
+        out = jnp.zeros((), self.weights.dtype)
+        for t in self.imaging_terms():
+            out = out + t.chi2(model)
+        return out
+
+    @property
+    def n_data(self) -> int:
+        """Number of data pixels in the imaging terms."""
+        return sum(t.n_data for t in self.imaging_terms())

@@ -1,0 +1,244 @@
+"""Free parameters and bounds: a filter over the model pytree plus a reparametrisation.
+
+A fit varies an unconstrained vector of "raw" values, one per free leaf of the model; at the
+top of the objective each raw value is mapped into its interval (`lower + exp(raw)`,
+`upper - exp(raw)` or `lower + (upper - lower) sigmoid(raw)`), so bounds such as
+`theta_E > 0`, `-0.6 < e1 < 0.6` or `1.1 < gamma < 2.9` always hold. No parameter names are
+kept by hand: leaves are found by walking the model, bounds come from each profile class's
+`bounds` table, `UniformPrior` terms, and the user's `bounds={where: (lower, upper)}`.
+"""
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+from jaxtyping import Array, Float, PyTree
+
+Bounds = tuple[float, float]
+Where = Callable[[PyTree[Any]], Any]
+
+
+def select(model: PyTree[Any], where: Where) -> PyTree[bool]:
+    """A boolean pytree shaped like `model`: True at every leaf inside the node(s) that
+    `where(model)` picks (as `eqx.tree_at`), e.g.
+    `select(system, lambda s: (s.mass, s.source.center_x))` frees the whole mass model and
+    the source's x position. Combine masks with `jax.tree.map(operator.or_, a, b)`."""
+    mask = jtu.tree_map(lambda _: False, model)
+    return eqx.tree_at(where, mask, replace_fn=lambda node: jtu.tree_map(lambda _: True, node))
+
+
+def _owner_and_name(model: PyTree[Any], path: tuple[Any, ...]) -> tuple[Any, str | None]:
+    node = model
+    for key in path[:-1]:
+        if isinstance(key, jtu.GetAttrKey):
+            node = getattr(node, key.name)
+        elif isinstance(key, jtu.SequenceKey):
+            node = node[key.idx]
+        elif isinstance(key, jtu.DictKey):
+            node = node[key.key]
+        else:
+            return None, None
+    last = path[-1] if path else None
+    return node, (last.name if isinstance(last, jtu.GetAttrKey) else None)
+
+
+def _forward(raw: Array, bounds: Bounds | None) -> Array:
+    if bounds is None:
+        return raw
+    lo, hi = bounds
+    if math.isinf(lo) and math.isinf(hi):
+        return raw
+    if math.isinf(hi):
+        return lo + jnp.exp(raw)
+    if math.isinf(lo):
+        return hi - jnp.exp(raw)
+    return lo + (hi - lo) * jax.nn.sigmoid(raw)
+
+
+def _inverse(value: Array, bounds: Bounds | None) -> Array:
+    if bounds is None:
+        return value
+    lo, hi = bounds
+    if math.isinf(lo) and math.isinf(hi):
+        return value
+    if math.isinf(hi):
+        return jnp.log(value - lo)
+    if math.isinf(lo):
+        return jnp.log(hi - value)
+    return jnp.log(value - lo) - jnp.log(hi - value)
+
+
+class Parametrisation(eqx.Module):
+    """Which leaves of a model a fit varies, and the interval each is kept in.
+
+    Build it with `Parametrisation.build(model, objective, free=..., bounds=...)`;
+    `to_raw(model)` gives the unconstrained values of the free leaves (a tuple of arrays, the
+    `y` a solver iterates on) and `to_model(raw, template)` puts them back into a model.
+    `paths` names every free scalar (e.g. `.mass.components[0].theta_E`).
+    """
+
+    treedef: Any = eqx.field(static=True)
+    free: tuple[bool, ...] = eqx.field(static=True)
+    bounds: tuple[Bounds | None, ...] = eqx.field(static=True)
+    leaf_paths: tuple[str, ...] = eqx.field(static=True)
+
+    @classmethod
+    def build(
+        cls,
+        model: PyTree[Any],
+        linear: PyTree[bool] | None = None,
+        *,
+        free: PyTree[bool] | Callable[[Any], bool] | None = None,
+        bounds: Mapping[Where, Bounds] | None = None,
+        prior_bounds: Mapping[Where, Bounds] | None = None,
+    ) -> "Parametrisation":
+        """**Arguments:**
+
+        - `model`: the starting model.
+        - `linear`: boolean pytree, True at leaves solved linearly inside the objective
+          (never free).
+        - `free`: None (every floating-point leaf except `linear` ones and the fields a
+          class lists in its `fixed` table, e.g. a shear's `ra_0`), a boolean pytree
+          shaped like `model` (see `select`), or a predicate on leaves.
+        - `bounds`: `{where: (lower, upper)}` overriding the class defaults.
+        - `prior_bounds`: bounds from uniform priors (used where `bounds` says nothing).
+
+        Raises `ValueError` when a free leaf is solved linearly, or a starting value is
+        outside its bounds (naming the parameter and the interval).
+        """
+        path_leaves, treedef = jtu.tree_flatten_with_path(model)
+        n = len(path_leaves)
+        is_float = [eqx.is_inexact_array(leaf) for _, leaf in path_leaves]
+        lin = [False] * n if linear is None else _as_list(model, linear)
+        owners = [_owner_and_name(model, path) for path, _ in path_leaves]
+        held = [name in getattr(type(o), "fixed", ()) for o, name in owners]
+        if free is None:
+            fr = [f and not li and not h for f, li, h in zip(is_float, lin, held, strict=True)]
+        else:
+            if callable(free):
+                spec = [bool(free(leaf)) for _, leaf in path_leaves]
+            else:
+                spec = _as_list(model, free)
+            fr = [s and f for s, f in zip(spec, is_float, strict=True)]
+            clash = [
+                jtu.keystr(p)
+                for (p, _), s, li in zip(path_leaves, fr, lin, strict=True)
+                if s and li
+            ]
+            if clash:
+                raise ValueError(
+                    f"{', '.join(c.lstrip('.') for c in clash)} is solved linearly by the "
+                    "objective (linear=True in its imaging term), so it cannot also be free; "
+                    "leave it out of `free`"
+                )
+        bnd: list[Bounds | None] = []
+        for owner, name in owners:
+            table = getattr(type(owner), "bounds", {}) if owner is not None else {}
+            bnd.append(table.get(name) if isinstance(table, dict) and name else None)
+        for overrides in (prior_bounds, bounds):
+            for where, b in (overrides or {}).items():
+                mask = _as_list(model, select(model, where))
+                lo, hi = float(b[0]), float(b[1])
+                if not lo < hi:
+                    raise ValueError(f"bounds must have lower < upper, got {b}")
+                bnd = [(lo, hi) if m else old for m, old in zip(mask, bnd, strict=True)]
+        paths = tuple(jtu.keystr(p) for p, _ in path_leaves)
+        out = cls(treedef, tuple(fr), tuple(bnd), paths)
+        out.check(model)
+        return out
+
+    def check(self, model: PyTree[Any]) -> None:
+        """Raises `ValueError` if a free leaf of `model` is outside its bounds (host-side)."""
+        leaves = jtu.tree_leaves(model)
+        for leaf, f, b, path in zip(leaves, self.free, self.bounds, self.leaf_paths, strict=True):
+            if not f or b is None:
+                continue
+            v = np.asarray(leaf)
+            if not np.isfinite(v).all():
+                raise ValueError(f"{path.lstrip('.')} has non-finite starting values")
+            if not (np.all(v > b[0]) and np.all(v < b[1])):
+                raise ValueError(
+                    f"starting value {path.lstrip('.')} = {v.tolist()} is outside its bounds "
+                    f"({b[0]}, {b[1]}); pass bounds={{where: (lower, upper)}} to change them"
+                )
+
+    @property
+    def n_free(self) -> int:
+        return sum(self.free)
+
+    def to_raw(self, model: PyTree[Any]) -> tuple[Float[Array, "..."], ...]:
+        """The unconstrained values of the free leaves of `model`."""
+        leaves = jtu.tree_leaves(model)
+        return tuple(
+            _inverse(leaf, b)
+            for leaf, f, b in zip(leaves, self.free, self.bounds, strict=True)
+            if f
+        )
+
+    def to_model(self, raw: tuple[Float[Array, "..."], ...], template: PyTree[Any]) -> PyTree[Any]:
+        """`template` with its free leaves set from the unconstrained values `raw`."""
+        leaves = jtu.tree_leaves(template)
+        it = iter(raw)
+        new = [
+            _forward(next(it), b).astype(leaf.dtype) if f else leaf
+            for leaf, f, b in zip(leaves, self.free, self.bounds, strict=True)
+        ]
+        return jtu.tree_unflatten(self.treedef, new)
+
+    def values(self, model: PyTree[Any]) -> tuple[Float[Array, "..."], ...]:
+        """The physical values of the free leaves of `model`."""
+        leaves = jtu.tree_leaves(model)
+        return tuple(leaf for leaf, f in zip(leaves, self.free, strict=True) if f)
+
+    def with_values(
+        self, values: tuple[Float[Array, "..."], ...], template: PyTree[Any]
+    ) -> PyTree[Any]:
+        """`template` with its free leaves replaced by the physical `values`."""
+        leaves = jtu.tree_leaves(template)
+        it = iter(values)
+        new = [next(it) if f else leaf for leaf, f in zip(leaves, self.free, strict=True)]
+        return jtu.tree_unflatten(self.treedef, new)
+
+    def paths(self, model: PyTree[Any]) -> tuple[str, ...]:
+        """One name per free scalar: the leaf's path, with `[k]` for vector elements."""
+        out = []
+        leaves = jtu.tree_leaves(model)
+        for leaf, f, p in zip(leaves, self.free, self.leaf_paths, strict=True):
+            if not f:
+                continue
+            size = int(np.prod(np.shape(leaf)))
+            name = p.lstrip(".")
+            out.extend([name] if np.ndim(leaf) == 0 else [f"{name}[{i}]" for i in range(size)])
+        return tuple(out)
+
+
+def _as_list(model: PyTree[Any], mask: PyTree[bool]) -> list[bool]:
+    """A boolean mask (a pytree shaped like `model`, or a prefix of it) as one flag per leaf."""
+    full = jtu.tree_map(
+        lambda m, sub: jtu.tree_map(lambda _: bool(m), sub),
+        mask,
+        model,
+        is_leaf=lambda x: x is None,
+    )
+    flags = jtu.tree_leaves(full)
+    n = len(jtu.tree_leaves(model))
+    if len(flags) != n:
+        raise ValueError(f"the mask has {len(flags)} leaves but the model has {n}")
+    return flags
+
+
+def linear_leaves(model: PyTree[Any], objective: Any) -> PyTree[bool] | None:
+    """True at the amplitudes the objective's imaging terms solve linearly."""
+    from .._lens_system import LensSystem
+
+    if not objective.solves_linear() or not isinstance(model, LensSystem):
+        return None
+    comps = model.linear_components()
+    if not comps:
+        return None
+    return select(model, lambda s: [c.amp for c in s.linear_profiles()])

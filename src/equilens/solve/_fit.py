@@ -1,0 +1,428 @@
+"""`fit`: minimise an objective over the free parameters of a model, on device."""
+
+import functools
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import optax
+import optimistix as optx
+from jax.flatten_util import ravel_pytree
+from jaxtyping import Array, PyTree
+
+from ..objective import Objective, Parametrisation
+from ..objective._params import Bounds, Where, linear_leaves
+from ..terms import AbstractLeastSquaresTerm as AbstractLST, UniformPrior
+from ._result import RESULTS, FitResult
+
+SolverLike = (
+    str | optx.AbstractLeastSquaresSolver | optx.AbstractMinimiser | optax.GradientTransformation
+)
+Kind = Literal["least_squares", "minimise", "optax"]
+
+#: Solver names accepted by `fit` and what they stand for.
+SOLVER_NAMES = {
+    "lm": "optimistix.LevenbergMarquardt(rtol, atol) on the whitened residuals",
+    "bfgs": "optimistix.BFGS(rtol, atol) on the objective",
+    "nonlinear-cg": "optimistix.NonlinearCG(rtol, atol) on the objective",
+    "adam": "optax.adam, learning rate 1e-2 cosine-decayed to 1e-5 over max_steps",
+    "lbfgs": "optax.lbfgs with its zoom line search (strong Wolfe conditions)",
+}
+
+
+@functools.lru_cache(maxsize=64)
+def _named_solver(name: str, rtol: float, atol: float, max_steps: int) -> Any:
+    # cached, so that repeated fits reuse one solver object and one compilation
+    if name == "lm":
+        return optx.LevenbergMarquardt(rtol=rtol, atol=atol)
+    if name == "bfgs":
+        return optx.BFGS(rtol=rtol, atol=atol)
+    if name == "nonlinear-cg":
+        return optx.NonlinearCG(rtol=rtol, atol=atol)
+    if name == "adam":
+        return optax.adam(optax.cosine_decay_schedule(1e-2, max(max_steps, 1), alpha=1e-3))
+    if name == "lbfgs":
+        # A backtracking (Armijo-only) search does not enforce the curvature condition that
+        # keeps the L-BFGS update positive definite; on lens fits it stalls far from the
+        # minimum, so the name means the strong-Wolfe zoom search.
+        return optax.lbfgs()
+    raise ValueError(f"unknown solver {name!r}; choose one of {sorted(SOLVER_NAMES)}")
+
+
+def _resolve(
+    solver: SolverLike, objective: Objective, rtol, atol, max_steps
+) -> tuple[Kind, Any, str]:
+    if isinstance(solver, str):
+        name = solver.lower()
+        obj = _named_solver(name, float(rtol), float(atol), int(max_steps))
+    else:
+        obj, name = solver, type(solver).__name__
+    if isinstance(obj, optx.AbstractLeastSquaresSolver):
+        if not objective.least_squares:
+            bad = [type(t).__name__ for t in objective.terms if not isinstance(t, AbstractLST)]
+            raise ValueError(
+                f"{name} is a least-squares solver, but {', '.join(bad)} has no whitened "
+                "residuals: use a minimiser such as solver='bfgs', 'lbfgs' or 'adam'"
+            )
+        return "least_squares", obj, name
+    if isinstance(obj, optx.AbstractMinimiser):
+        return "minimise", obj, name
+    if isinstance(obj, optax.GradientTransformation):
+        return "optax", optax.with_extra_args_support(obj), name
+    raise TypeError(
+        f"solver must be a name ({', '.join(sorted(SOLVER_NAMES))}), an optimistix "
+        f"least-squares solver or minimiser, or an optax transformation; got {type(solver)}"
+    )
+
+
+# -- progress: a host callback every few steps -------------------------------------------------
+
+_BARS: dict[int, Any] = {}
+
+
+def _progress_update(bar_id, step) -> None:
+    bar = _BARS.get(int(bar_id))
+    if bar is not None:
+        bar.update(int(step) - bar.n)
+
+
+def _report(progress_every: int, bar_id: int, step) -> None:
+    if progress_every > 0:
+        jax.lax.cond(
+            step % progress_every == 0,
+            lambda: jax.debug.callback(_progress_update, bar_id, step),
+            lambda: None,
+        )
+
+
+def _all_finite(tree) -> Array:
+    leaves = jtu.tree_leaves(tree)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+# -- the on-device loops --------------------------------------------------------------------
+
+
+def _optimistix_loop(kind, solver, fn, raw0, args, max_steps, progress_every, bar_id):
+    f_struct, aux_struct = jax.eval_shape(fn, raw0, args)
+    tags = frozenset()
+    state = solver.init(fn, raw0, args, {}, f_struct, aux_struct, tags)
+    dyn0, static = eqx.partition(state, eqx.is_array)
+    res0 = RESULTS.successful
+
+    def cond(carry):
+        _, k, _, done, res = carry
+        return jnp.invert(done) & (res == RESULTS.successful) & (k < max_steps)
+
+    def body(carry):
+        y, k, dyn, _, _ = carry
+        st = eqx.combine(dyn, static)
+        y, st, _ = solver.step(fn, y, args, {}, st, tags)
+        done, res = solver.terminate(fn, y, args, {}, st, tags)
+        res = RESULTS.where(_all_finite(y), RESULTS.promote(res), RESULTS.nonfinite)
+        _report(progress_every, bar_id, k + 1)
+        return y, k + 1, eqx.partition(st, eqx.is_array)[0], done, res
+
+    carry = (raw0, jnp.array(0), dyn0, jnp.array(False), res0)
+    y, k, _, done, res = jax.lax.while_loop(cond, body, carry)
+    res = RESULTS.where(
+        (res == RESULTS.successful) & jnp.invert(done), RESULTS.nonlinear_max_steps_reached, res
+    )
+    return y, k, res
+
+
+_PATIENCE = 10
+
+
+def _optax_loop(opt, f, raw0, max_steps, rtol, atol, progress_every, bar_id):
+    value_and_grad = jax.value_and_grad(f)
+
+    def cond(carry):
+        _, k, _, _, calm, res = carry
+        return (calm < _PATIENCE) & (res == RESULTS.successful) & (k < max_steps)
+
+    def body(carry):
+        y, k, st, f_prev, calm, _ = carry
+        v, g = value_and_grad(y)
+        updates, st = opt.update(g, st, y, value=v, grad=g, value_fn=f)
+        y = optax.apply_updates(y, updates)
+        small = jnp.abs(v - f_prev) <= atol + rtol * jnp.abs(v)
+        calm = jnp.where(small, calm + 1, 0)
+        ok = _all_finite(y) & jnp.isfinite(v)
+        res = RESULTS.where(ok, RESULTS.successful, RESULTS.nonfinite)
+        _report(progress_every, bar_id, k + 1)
+        return y, k + 1, st, v, calm, res
+
+    inf = jnp.array(jnp.inf, dtype=jnp.result_type(*jtu.tree_leaves(raw0)))
+    carry = (raw0, jnp.array(0), opt.init(raw0), inf, jnp.array(0), RESULTS.successful)
+    y, k, _, _, calm, res = jax.lax.while_loop(cond, body, carry)
+    res = RESULTS.where(
+        (res == RESULTS.successful) & (calm < _PATIENCE), RESULTS.nonlinear_max_steps_reached, res
+    )
+    return y, k, res
+
+
+def _covariance(objective: Objective, param: Parametrisation, model, least_squares: bool):
+    flat, unravel = ravel_pytree(param.values(model))
+    if flat.shape[0] == 0:
+        return jnp.zeros((0, 0), flat.dtype), jnp.array(True)
+
+    def at(p):
+        return param.with_values(unravel(p), model)
+
+    if least_squares:
+        jac = jax.jacfwd(lambda p: objective.residuals(at(p)))(flat)
+        hess = jac.T @ jac
+    else:
+        hess = jax.hessian(lambda p: objective(at(p)))(flat)
+    hess = 0.5 * (hess + hess.T)
+    # Jacobi scaling, then an eigendecomposition: robust to parameters of different units
+    d = jnp.sqrt(jnp.abs(jnp.diagonal(hess)))
+    s = jnp.where(d > 0, 1.0 / jnp.where(d > 0, d, 1.0), 0.0)
+    w, v = jnp.linalg.eigh(hess * s[:, None] * s[None, :])
+    eps = jnp.finfo(hess.dtype).eps
+    ok = (jnp.min(w) > 100 * eps * jnp.max(jnp.abs(w))) & jnp.all(d > 0)
+    cov = (v / jnp.where(w > 0, w, jnp.nan)) @ v.T * s[:, None] * s[None, :]
+    return cov, ok
+
+
+@eqx.filter_jit
+@eqx.debug.assert_max_traces(max_traces=None)
+def _fit_core(kind, solver, objective, param, template, raw0, max_steps, rtol, atol, progress):
+    progress_every, bar_id = progress
+    flat0, unravel = ravel_pytree(raw0)
+
+    def model_at(z, tmpl=template):
+        return param.to_model(unravel(z), tmpl)
+
+    z0 = flat0
+    # Minimisers see (objective - reference) / n_data: the same minimum, with a gradient and
+    # a value of order one (0.5 reduced chi2 for Gaussian data), which suits their unit
+    # initial Hessian and their relative stopping rules. The reference is the normalisation
+    # constant of a least-squares objective, else the value at the start.
+    n_scale = max(objective.n_data, 1)
+    if objective.least_squares:
+        ref = objective.constant()
+    else:
+        ref = jax.lax.stop_gradient(objective(model_at(z0)))
+    if kind == "least_squares":
+
+        def fn(z, args):
+            obj, tmpl = args
+            return obj.residuals(model_at(z, tmpl)), None
+
+        z, steps, res = _optimistix_loop(
+            kind, solver, fn, z0, (objective, template), max_steps, progress_every, bar_id
+        )
+    elif kind == "minimise":
+
+        def fn(z, args):
+            obj, tmpl = args
+            return (obj(model_at(z, tmpl)) - ref) / n_scale, None
+
+        z, steps, res = _optimistix_loop(
+            kind, solver, fn, z0, (objective, template), max_steps, progress_every, bar_id
+        )
+    else:
+
+        def f(z):
+            return (objective(model_at(z)) - ref) / n_scale
+
+        z, steps, res = _optax_loop(solver, f, z0, max_steps, rtol, atol, progress_every, bar_id)
+    best = objective.complete(model_at(z))
+    values = objective.values(best)
+    value = jnp.sum(objective.weights * values)
+    cov, ok = _covariance(objective, param, best, objective.least_squares)
+    res = RESULTS.where(
+        (res == RESULTS.successful) & jnp.invert(ok), RESULTS.covariance_failed, res
+    )
+    return best, value, values, objective.chi2(best), steps, res, cov
+
+
+def _prior_bounds(objective: Objective) -> dict[Where, Bounds]:
+    out = {}
+    for t in objective.terms:
+        if isinstance(t, UniformPrior) and t.lower.ndim == 0 and t.upper.ndim == 0:
+            out[t.where] = (float(t.lower), float(t.upper))
+    return out
+
+
+def _prepare(objective, model, solver, free, bounds, max_steps, rtol, atol):
+    if not isinstance(objective, Objective):
+        raise TypeError(f"objective must be an equilens Objective, got {type(objective)}")
+    kind, solver_obj, name = _resolve(solver, objective, rtol, atol, max_steps)
+    param = Parametrisation.build(
+        model,
+        linear_leaves(model, objective),
+        free=free,
+        bounds=bounds,
+        prior_bounds=_prior_bounds(objective),
+    )
+    if param.n_free == 0:
+        raise ValueError("no free parameters: `free` selects no floating-point leaf")
+    return kind, solver_obj, name, param
+
+
+def _n_linear(objective: Objective, model) -> int:
+    from .._lens_system import LensSystem
+
+    if objective.solves_linear() and isinstance(model, LensSystem):
+        return int(model.amplitudes().shape[0])
+    return 0
+
+
+def fit(
+    objective: Objective,
+    model: PyTree[Any],
+    solver: SolverLike = "lm",
+    *,
+    free: PyTree[bool] | Callable[[Any], bool] | None = None,
+    bounds: Mapping[Where, Bounds] | None = None,
+    max_steps: int = 500,
+    rtol: float = 1e-6,
+    atol: float = 1e-6,
+    throw: bool = True,
+    progress: bool = False,
+) -> FitResult:
+    """Fits `model` by minimising `objective` over its free parameters, on device.
+
+    **Arguments:**
+
+    - `objective`: an `Objective` (weighted sum of terms).
+    - `model`: the starting model (e.g. a `LensSystem`); its structure is kept.
+    - `solver`: a name from `SOLVER_NAMES` ("lm" (default), "bfgs", "nonlinear-cg",
+      "adam", "lbfgs"), an optimistix least-squares solver (needs an objective whose
+      terms all have whitened residuals) or minimiser, or an optax transformation.
+    - `free`: which leaves vary: None (all floating-point leaves except amplitudes the
+      objective solves linearly), a boolean pytree shaped like `model`
+      (`equilens.objective.select`), or a predicate on leaves.
+    - `bounds`: `{where: (lower, upper)}` overriding the default bounds of the profile
+      classes (and of `UniformPrior` terms); parameters are reparametrised to stay inside.
+    - `max_steps`: solver steps at most; `rtol`, `atol`: tolerances of named solvers (and
+      of the optax loop's stopping rule: the objective changes by less than `atol + rtol
+      |f|` for 10 steps in a row).
+    - `throw`: raise if the fit fails (else read `result.result`).
+    - `progress`: show a progress bar (tqdm) updated every few steps from the device loop.
+
+    **Returns:** a `FitResult`.
+
+    Raises `ValueError` for an incompatible combination (Levenberg-Marquardt with a term
+    that has no residuals, a linearly-solved amplitude marked free, a start outside the
+    bounds), naming the reason.
+    """
+    t0 = time.perf_counter()
+    kind, solver_obj, name, param = _prepare(
+        objective, model, solver, free, bounds, max_steps, rtol, atol
+    )
+    raw0 = param.to_raw(model)
+    bar_id, every = _open_bar(progress, max_steps, name)
+    try:
+        out = _fit_core(
+            kind, solver_obj, objective, param, model, raw0, max_steps, rtol, atol, (every, bar_id)
+        )
+        jax.block_until_ready(out)
+    finally:
+        _close_bar(bar_id)
+    best, value, values, chi2, steps, res, cov = out
+    result = FitResult(
+        model=best,
+        value=value,
+        term_values=values,
+        chi2=chi2,
+        num_steps=steps,
+        result=res,
+        covariance=cov,
+        names=param.paths(model),
+        n_data=objective.n_data,
+        n_linear=_n_linear(objective, model),
+        solver=name,
+        wall_time=time.perf_counter() - t0,
+    )
+    if throw:
+        _raise_if_failed(result)
+    return result
+
+
+def _raise_if_failed(result: FitResult) -> None:
+    if not result.success:
+        raise RuntimeError(f"fit failed: {result.message()} (pass throw=False to inspect)")
+
+
+def _open_bar(progress: bool, total: int, name: str) -> tuple[int, int]:
+    if not progress:
+        return -1, 0
+    from tqdm.auto import tqdm
+
+    bar_id = max(_BARS, default=0) + 1
+    _BARS[bar_id] = tqdm(total=total, desc=f"fit ({name})", unit="step", leave=False)
+    return bar_id, max(1, total // 100)
+
+
+def _close_bar(bar_id: int) -> None:
+    bar = _BARS.pop(bar_id, None)
+    if bar is not None:
+        bar.close()
+
+
+def fit_batch(
+    objective: Objective,
+    models: PyTree[Any],
+    solver: SolverLike = "lm",
+    *,
+    objective_axis: int | None = None,
+    free: PyTree[bool] | Callable[[Any], bool] | None = None,
+    bounds: Mapping[Where, Bounds] | None = None,
+    max_steps: int = 500,
+    rtol: float = 1e-6,
+    atol: float = 1e-6,
+) -> FitResult:
+    """Fits a batch of starting models (array leaves with a leading batch axis, e.g. from
+    `jax.tree.map(lambda *x: jnp.stack(x), *models)`) in one `vmap`-ed solve; with
+    `objective_axis=0` the objective is batched too (its array leaves, e.g. the term
+    `weights`, carry the same leading axis: a hyperparameter survey).
+
+    Returns a `FitResult` whose array fields have the leading batch axis; failures are
+    reported per element in `result` (never raised).
+    """
+    t0 = time.perf_counter()
+    first = _index(models, 0)
+    obj0 = objective if objective_axis is None else _index(objective, 0)
+    kind, solver_obj, name, param = _prepare(
+        obj0, first, solver, free, bounds, max_steps, rtol, atol
+    )
+    raw0 = jax.vmap(param.to_raw)(models)
+    for i in range(jtu.tree_leaves(raw0)[0].shape[0]):
+        param.check(_index(models, i))
+
+    @eqx.filter_vmap(in_axes=(objective_axis, 0, 0))
+    def run(obj, tmpl, r0):
+        return _fit_core(kind, solver_obj, obj, param, tmpl, r0, max_steps, rtol, atol, (0, -1))
+
+    best, value, values, chi2, steps, res, cov = run(objective, models, raw0)
+    return FitResult(
+        model=best,
+        value=value,
+        term_values=values,
+        chi2=chi2,
+        num_steps=steps,
+        result=res,
+        covariance=cov,
+        names=param.paths(first),
+        n_data=obj0.n_data,
+        n_linear=_n_linear(obj0, first),
+        solver=name,
+        wall_time=time.perf_counter() - t0,
+    )
+
+
+def _index(tree: PyTree[Any], i: int) -> PyTree[Any]:
+    return jtu.tree_map(lambda x: x[i] if eqx.is_array(x) else x, tree)
+
+
+def pick(batch: FitResult, index: int) -> FitResult:
+    """Element `index` of a batched `FitResult` (from `fit_batch` or `multi_start`)."""
+    return _index(batch, index)

@@ -1,0 +1,106 @@
+"""Fit results and their status codes."""
+
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+from jaxtyping import Array, Float, Int, PyTree, Scalar
+
+
+class RESULTS(optx.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
+    """Outcome of a fit: optimistix's codes plus the fit's own."""
+
+    covariance_failed = (
+        "The Hessian at the optimum is not positive definite: no covariance (the fit may "
+        "not be at a minimum, or a parameter is unconstrained by the data)."
+    )
+
+
+class FitResult(eqx.Module):
+    """The outcome of `equilens.fit`.
+
+    **Fields:**
+
+    - `model`: the best-fit model (linear amplitudes filled in).
+    - `value`: the objective at `model` (negative log posterior, natural units).
+    - `term_values`: each term's (unweighted) value.
+    - `chi2`: chi2 of the imaging terms; `n_data` pixels, `n_free` fitted parameters and
+      `n_linear` linearly solved amplitudes give `reduced_chi2 = chi2 / (n_data - n_free -
+      n_linear)`.
+    - `num_steps`: solver steps taken; `result`: a `RESULTS` code (`RESULTS.successful`, or
+      why not).
+    - `covariance`: covariance of the free parameters (Laplace approximation: the inverse
+      Hessian of the objective at the optimum, in physical units; for least-squares
+      objectives the Gauss-Newton Hessian `J^T J`), ordered as `names`. With linear
+      amplitudes solved inside the objective this is the covariance marginalised over them.
+    - `names`: path of every free scalar parameter, e.g. `mass.components[0].theta_E`.
+    - `solver`: the solver's name; `wall_time`: seconds (host clock, compile included).
+    """
+
+    model: PyTree[Any]
+    value: Scalar
+    term_values: Float[Array, " n_terms"]
+    chi2: Scalar
+    num_steps: Int[Array, ""]
+    result: RESULTS
+    covariance: Float[Array, "n n"]
+    names: tuple[str, ...] = eqx.field(static=True)
+    n_data: int = eqx.field(static=True)
+    n_linear: int = eqx.field(static=True)
+    solver: str = eqx.field(static=True)
+    wall_time: float = eqx.field(static=True, default=float("nan"))
+
+    @property
+    def n_free(self) -> int:
+        return len(self.names)
+
+    @property
+    def reduced_chi2(self) -> Scalar:
+        dof = max(self.n_data - self.n_free - self.n_linear, 1)
+        return self.chi2 / dof
+
+    @property
+    def errors(self) -> Float[Array, " n"]:
+        """1-sigma errors of the free parameters (square root of the covariance diagonal)."""
+        return jnp.sqrt(jnp.diagonal(self.covariance, axis1=-2, axis2=-1))
+
+    @property
+    def values(self) -> Float[Array, " n"]:
+        """Best-fit values of the free parameters, ordered as `names`."""
+        import jax.tree_util as jtu
+
+        leaves = dict(
+            (jtu.keystr(p).lstrip("."), leaf)
+            for p, leaf in jtu.tree_flatten_with_path(self.model)[0]
+        )
+        out = []
+        for name in self.names:
+            if name in leaves:
+                out.append(jnp.reshape(leaves[name], ()))
+            else:
+                base, idx = name.rsplit("[", 1)
+                out.append(jnp.reshape(leaves[base], (-1,))[int(idx[:-1])])
+        return jnp.stack(out)
+
+    @property
+    def success(self) -> bool:
+        return bool(np.all(np.asarray(self.result._value) == RESULTS.successful._value))  # pyright: ignore
+
+    def message(self) -> str:
+        return RESULTS[self.result] or "successful"
+
+    def table(self) -> str:
+        """The free parameters with their 1-sigma errors, one per line."""
+        width = max(len(n) for n in self.names) if self.names else 10
+        vals, errs = np.asarray(self.values), np.asarray(self.errors)
+        lines = [f"{'parameter':<{width}}  {'value':>12}  {'1-sigma':>10}"]
+        for n, v, e in zip(self.names, vals, errs, strict=True):
+            lines.append(f"{n:<{width}}  {v:>12.6g}  {e:>10.3g}")
+        lines.append(
+            f"chi2 = {float(self.chi2):.1f} over {self.n_data} pixels, reduced chi2 = "
+            f"{float(self.reduced_chi2):.4f}; {int(self.num_steps)} steps ({self.solver}), "
+            f"{self.message()}"
+        )
+        return "\n".join(lines)

@@ -1,0 +1,40 @@
+"""The term interface."""
+
+import abc
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PyTree, Scalar
+
+
+class AbstractTerm(eqx.Module):
+    """One term of an objective: `term(model)` is its contribution to the quantity a fit
+    minimises, a negative log probability (`-log L` of data given the model, or `-log p` of
+    a prior) including its normalisation constant, so that terms add and their sum is
+    `-log posterior` up to the evidence.
+
+    `model` is the model pytree being fitted (a `LensSystem` for the imaging terms).
+    """
+
+    @abc.abstractmethod
+    def __call__(self, model: PyTree[Any]) -> Scalar:
+        """The term's value (a negative log probability) for `model`."""
+
+
+class AbstractLeastSquaresTerm(AbstractTerm):
+    """A term of the form `0.5 sum r^2 + constant` with whitened residuals `r`: Gaussian
+    likelihoods and priors. Least-squares solvers (Levenberg-Marquardt) need every term of
+    an objective to be of this kind."""
+
+    @abc.abstractmethod
+    def residuals(self, model: PyTree[Any]) -> Float[Array, " n"]:
+        """Whitened residuals (data minus model over its 1-sigma error), flattened."""
+
+    @abc.abstractmethod
+    def constant(self) -> Scalar:
+        """The normalisation constant (independent of the model)."""
+
+    def __call__(self, model: PyTree[Any]) -> Scalar:
+        r = self.residuals(model)
+        return 0.5 * jnp.sum(r * r) + self.constant()

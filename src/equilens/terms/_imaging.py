@@ -1,0 +1,212 @@
+"""Imaging likelihoods (Gaussian and Poisson) and the linear amplitude solve."""
+
+import abc
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, Scalar
+
+from .._lens_system import LensSystem
+from ..data import Imaging
+from ._base import AbstractLeastSquaresTerm, AbstractTerm
+
+# Coordinate-descent sweeps of the non-negative least-squares solve (a few linear
+# amplitudes: converges long before this for the well-scaled normal equations used here).
+_NNLS_SWEEPS = 200
+
+
+def _used_pixels(imaging: Imaging) -> Int[Array, " n"]:
+    return jnp.asarray(np.flatnonzero(np.asarray(imaging.mask)))
+
+
+def _nnls(g: Float[Array, "k k"], h: Float[Array, " k"]) -> Float[Array, " k"]:
+    # Projected coordinate descent on 0.5 x^T G x - h^T x, x >= 0, for G positive definite
+    # with unit diagonal: converges to the unique minimiser (Luo & Tseng 1992).
+    def sweep(_, x):
+        def coord(i, x):
+            return x.at[i].set(jnp.maximum(0.0, x[i] - (g[i] @ x - h[i])))
+
+        return jax.lax.fori_loop(0, h.shape[0], coord, x)
+
+    return jax.lax.fori_loop(0, _NNLS_SWEEPS, sweep, jnp.maximum(h, 0.0))
+
+
+def solve_amplitudes(
+    system: LensSystem,
+    imaging: Imaging,
+    *,
+    nonnegative: bool = False,
+    pixels: Int[Array, " n"] | None = None,
+) -> tuple[LensSystem, Float[Array, "ny nx"]]:
+    """Fills in the amplitudes of every linear light component of `system` by weighted
+    least squares against `imaging` (weights `1/noise^2` on the mask), given all other
+    parameters; returns the updated system and its model image.
+
+    The normal equations are Jacobi-scaled and solved by Cholesky; with `nonnegative=True`
+    the amplitudes are constrained to be `>= 0`
+    (coordinate descent finds the active set, the free amplitudes are then re-solved
+    exactly, so gradients are those of the solution on its active set). Differentiable with
+    respect to the non-linear parameters. A degenerate basis (e.g. a source mapped entirely
+    outside the mask) gives non-finite amplitudes, which fits report as a failure.
+    `pixels` (flat indices of the mask's pixels) is computed from `imaging.mask` when not
+    given (pass it when `imaging` is traced, as the imaging terms do).
+    """
+    images, fixed = system.linear_images(imaging.grid, imaging.convolution)
+    idx = _used_pixels(imaging) if pixels is None else pixels
+    w = 1.0 / imaging.noise_map.reshape(-1)[idx]
+    a = images.reshape(images.shape[0], -1)[:, idx] * w
+    target = imaging.data if fixed is None else imaging.data - fixed
+    b = target.reshape(-1)[idx] * w
+    g = a @ a.T
+    h = a @ b
+    d = jnp.diagonal(g)
+    scale = jnp.where(d > 0, 1.0 / jnp.sqrt(jnp.where(d > 0, d, 1.0)), 0.0)
+    g = g * scale[:, None] * scale[None, :]
+    h = h * scale
+    if nonnegative:
+        active = jax.lax.stop_gradient(_nnls(g, h)) > 0
+        both = active[:, None] & active[None, :]
+        g = jnp.where(both, g, jnp.eye(g.shape[0], dtype=g.dtype))
+        h = jnp.where(active, h, 0.0)
+    # A few-by-few positive-definite system: Cholesky via jax.scipy rather than lineax, whose
+    # tangent solves always raise on a singular matrix; here a degenerate basis must become
+    # a non-finite objective that the solver's step control rejects, not an exception.
+    x = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(g), h)
+    amps = x * scale
+    image = jnp.tensordot(amps, images, axes=1)
+    if fixed is not None:
+        image = image + fixed
+    return system.with_amplitudes(amps), image
+
+
+class AbstractImagingTerm(AbstractTerm):
+    """A likelihood of an `Imaging` dataset given a `LensSystem` model.
+
+    `model_image(system)` is the model the likelihood compares with the data; with
+    `linear=True` the amplitudes of the linear light components are first solved by
+    weighted least squares (`solve_amplitudes`), so a fit does not vary them.
+    """
+
+    imaging: eqx.AbstractVar[Imaging]
+    linear: eqx.AbstractVar[bool]
+    nonnegative: eqx.AbstractVar[bool]
+    pixels: eqx.AbstractVar[Int[Array, " n"]]
+
+    def model_image(self, system: LensSystem) -> Float[Array, "ny nx"]:
+        """The model image (flux per pixel) of `system`, amplitudes solved if `linear`."""
+        if self.linear:
+            return solve_amplitudes(
+                system, self.imaging, nonnegative=self.nonnegative, pixels=self.pixels
+            )[1]
+        return system.image(self.imaging.grid, self.imaging.convolution)
+
+    def complete(self, system: LensSystem) -> LensSystem:
+        """`system` with its linear amplitudes solved (unchanged when not `linear`)."""
+        if self.linear:
+            return solve_amplitudes(
+                system, self.imaging, nonnegative=self.nonnegative, pixels=self.pixels
+            )[0]
+        return system
+
+    @property
+    def n_data(self) -> int:
+        """Number of pixels in the mask."""
+        return int(self.pixels.shape[0])
+
+    @abc.abstractmethod
+    def chi2(self, system: LensSystem) -> Scalar:
+        """Sum over the mask of the squared normalised residuals `((d - m) / noise)^2`."""
+
+
+class GaussianLikelihood(AbstractImagingTerm, AbstractLeastSquaresTerm):
+    """Gaussian likelihood of the pixels in the mask:
+
+        -log L = 0.5 sum ((d - m) / noise)^2 + 0.5 sum log(2 pi noise^2),
+
+    with `m` the `LensSystem` model image (PSF-convolved, flux per pixel) on the dataset's
+    grid. Residuals are `(d - m) / noise` on the mask, flattened (row-major).
+
+    **Arguments:** `imaging` (an `Imaging` dataset); `linear` (default True: solve the
+    amplitudes of linear light components instead of fitting them); `nonnegative` (default
+    False: constrain solved amplitudes to be `>= 0`).
+    """
+
+    imaging: Imaging
+    linear: bool = eqx.field(static=True)
+    nonnegative: bool = eqx.field(static=True)
+    pixels: Int[Array, " n"]
+
+    def __init__(self, imaging: Imaging, *, linear: bool = True, nonnegative: bool = False):
+        if not isinstance(imaging, Imaging):
+            raise TypeError(f"GaussianLikelihood needs an Imaging dataset, got {type(imaging)}")
+        if nonnegative and not linear:
+            raise ValueError("nonnegative=True constrains the linear solve: it needs linear=True")
+        self.imaging = imaging
+        self.linear = linear
+        self.nonnegative = nonnegative
+        self.pixels = _used_pixels(imaging)
+
+    def residuals(self, model: LensSystem) -> Float[Array, " n"]:
+        diff = (self.imaging.data - self.model_image(model)) / self.imaging.noise_map
+        return diff.reshape(-1)[self.pixels]
+
+    def constant(self) -> Scalar:
+        noise = self.imaging.noise_map.reshape(-1)[self.pixels]
+        return jnp.sum(jnp.log(noise)) + 0.5 * math.log(2 * math.pi) * self.pixels.shape[0]
+
+    def chi2(self, system: LensSystem) -> Scalar:
+        r = self.residuals(system)
+        return jnp.sum(r * r)
+
+
+class PoissonLikelihood(AbstractImagingTerm):
+    """Poisson likelihood of the counts in the mask:
+
+        -log L = sum [lam - c log lam + log Gamma(c + 1)],
+        c = (d + background) t,  lam = (m + background) t,
+
+    for data `d` and model `m` in flux per pixel (e.g. electrons/s), `exposure_time` `t`
+    (s) and `background` the flux per pixel subtracted from the data (e.g. the sky, `sky
+    level x pixel area` for data made by `simulate`). The amplitudes are fitted (a linear
+    solve assumes Gaussian noise). `lam` is floored at a tiny positive value.
+    """
+
+    imaging: Imaging
+    exposure_time: Float[Array, ""]
+    background: Float[Array, ""]
+    linear: bool = eqx.field(static=True)
+    nonnegative: bool = eqx.field(static=True)
+    pixels: Int[Array, " n"]
+
+    def __init__(self, imaging: Imaging, exposure_time: float, background: float = 0.0):
+        if not float(exposure_time) > 0:
+            raise ValueError(f"exposure_time must be > 0 s, got {exposure_time}")
+        counts = (np.asarray(imaging.data) + float(background)) * float(exposure_time)
+        used = np.asarray(imaging.mask)
+        if np.any(counts[used] < -0.5):
+            raise ValueError(
+                "PoissonLikelihood needs non-negative counts (data + background) x "
+                "exposure_time inside the mask; pass the subtracted sky as `background`"
+            )
+        self.imaging = imaging
+        dtype = imaging.data.dtype
+        self.exposure_time = jnp.asarray(exposure_time, dtype=dtype)
+        self.background = jnp.asarray(background, dtype=dtype)
+        self.linear = False
+        self.nonnegative = False
+        self.pixels = _used_pixels(imaging)
+
+    def __call__(self, model: LensSystem) -> Scalar:
+        t = self.exposure_time
+        m = self.model_image(model).reshape(-1)[self.pixels]
+        c = jnp.maximum((self.imaging.data.reshape(-1)[self.pixels] + self.background) * t, 0.0)
+        lam = jnp.maximum((m + self.background) * t, jnp.finfo(m.dtype).tiny)
+        return jnp.sum(lam - c * jnp.log(lam) + jax.scipy.special.gammaln(c + 1))
+
+    def chi2(self, system: LensSystem) -> Scalar:
+        m = self.model_image(system)
+        r = ((self.imaging.data - m) / self.imaging.noise_map).reshape(-1)[self.pixels]
+        return jnp.sum(r * r)

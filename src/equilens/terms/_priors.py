@@ -1,0 +1,62 @@
+"""Priors on any parameter of a model, selected with a `where` function."""
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float, PyTree, Scalar
+
+from .._custom_types import as_float
+from ._base import AbstractLeastSquaresTerm
+
+
+def _float_array(x: Float[ArrayLike, "..."]) -> Float[Array, "..."]:
+    return as_float(x)
+
+
+class GaussianPrior(AbstractLeastSquaresTerm):
+    """Normal prior `N(mean, sigma^2)` on the parameter(s) `where(model)` picks, e.g.
+    `GaussianPrior(lambda m: m.mass.components[1].gamma1, 0.0, 0.05)`.
+
+    Residuals `(where(model) - mean) / sigma`; constant `sum log(sigma sqrt(2 pi))`.
+    `mean` and `sigma` broadcast to the parameter's shape (a vector parameter gets
+    independent priors per element).
+    """
+
+    where: Callable[[PyTree[Any]], Float[Array, "..."]] = eqx.field(static=True)
+    mean: Float[Array, "..."] = eqx.field(converter=_float_array)
+    sigma: Float[Array, "..."] = eqx.field(converter=_float_array)
+
+    def __check_init__(self):
+        if not isinstance(self.sigma, jnp.ndarray) or self.sigma.ndim > 1:
+            raise ValueError("GaussianPrior.sigma must be a scalar or a vector")
+
+    def residuals(self, model: PyTree[Any]) -> Float[Array, " n"]:
+        value = self.where(model)
+        return jnp.reshape((value - self.mean) / self.sigma, (-1,))
+
+    def constant(self) -> Scalar:
+        return jnp.sum(jnp.log(self.sigma) + 0.5 * math.log(2 * math.pi))
+
+
+class UniformPrior(AbstractLeastSquaresTerm):
+    """Uniform prior on `[lower, upper]` for the parameter(s) `where(model)` picks.
+
+    Its value is `log(upper - lower)` per element inside the interval and `inf` outside (the
+    residuals are 0 inside, `inf` outside). `equilens.fit` keeps the parameter inside by
+    reparametrising it to the interval, and multi-start draws starts from it.
+    """
+
+    where: Callable[[PyTree[Any]], Float[Array, "..."]] = eqx.field(static=True)
+    lower: Float[Array, "..."] = eqx.field(converter=_float_array)
+    upper: Float[Array, "..."] = eqx.field(converter=_float_array)
+
+    def residuals(self, model: PyTree[Any]) -> Float[Array, " n"]:
+        value = self.where(model)
+        inside = (value >= self.lower) & (value <= self.upper)
+        return jnp.reshape(jnp.where(inside, 0.0, jnp.inf).astype(value.dtype), (-1,))
+
+    def constant(self) -> Scalar:
+        return jnp.sum(jnp.log(self.upper - self.lower))
