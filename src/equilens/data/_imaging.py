@@ -111,6 +111,36 @@ class Imaging(eqx.Module):
     def pixel_scale(self) -> float:
         return self.grid.pixel_scale
 
+    def cropped(self, margin: int | None = None) -> "Imaging":
+        """The smallest sub-image holding the mask plus `margin` pixels on each side
+        (default: the PSF kernel's half-width, at the data resolution), with the grid's
+        origin moved so that every pixel keeps its sky position.
+
+        With the default margin the fit is unchanged (light more than half a kernel away
+        from every used pixel cannot reach it through the PSF) and cheaper. Raises
+        `ValueError` for a negative margin."""
+        k = self.psf.kernel().shape[0] // 2
+        m = -(-k // self.psf.supersampling) if margin is None else int(margin)
+        if m < 0:
+            raise ValueError(f"margin must be >= 0 pixels, got {m}")
+        mask = np.asarray(self.mask)
+        rows, cols = np.nonzero(mask)
+        ny, nx = mask.shape
+        r0, r1 = max(rows.min() - m, 0), min(rows.max() + m + 1, ny)
+        c0, c1 = max(cols.min() - m, 0), min(cols.max() + m + 1, nx)
+        ps = self.grid.pixel_scale
+        ox = self.grid.origin[0] + ((c0 + c1 - 1) / 2 - (nx - 1) / 2) * ps
+        oy = self.grid.origin[1] + ((r0 + r1 - 1) / 2 - (ny - 1) / 2) * ps
+        return Imaging(
+            np.asarray(self.data)[r0:r1, c0:c1],
+            np.asarray(self.noise_map)[r0:r1, c0:c1],
+            self.psf,
+            ps,
+            mask=mask[r0:r1, c0:c1],
+            supersampling=self.grid.supersampling,
+            origin=(ox, oy),
+        )
+
     @classmethod
     def from_fits(
         cls,

@@ -24,12 +24,24 @@ Where = Callable[[PyTree[Any]], Any]
 
 
 def select(model: PyTree[Any], where: Where) -> PyTree[bool]:
-    """A boolean pytree shaped like `model`: True at every leaf inside the node(s) that
+    """A boolean pytree shaped like `model`: True at the leaves inside the node(s) that
     `where(model)` picks (as `eqx.tree_at`), e.g.
-    `select(system, lambda s: (s.mass, s.source.center_x))` frees the whole mass model and
-    the source's x position. Combine masks with `jax.tree.map(operator.or_, a, b)`."""
+    `select(system, lambda s: (s.mass, s.source.center_x))` frees the mass model and the
+    source's x position. Inside a picked module, the fields its class lists in `fixed`
+    (e.g. `ExternalShear.ra_0`) stay False unless `where` picks them directly. Combine
+    masks with `jax.tree.map(operator.or_, a, b)`."""
     mask = jtu.tree_map(lambda _: False, model)
-    return eqx.tree_at(where, mask, replace_fn=lambda node: jtu.tree_map(lambda _: True, node))
+
+    def mark(node: Any) -> Any:
+        if isinstance(node, bool):  # a leaf picked directly
+            return True
+        flags = []
+        for path, _ in jtu.tree_flatten_with_path(node)[0]:
+            owner, name = _owner_and_name(node, path)
+            flags.append(name not in getattr(type(owner), "fixed", ()))
+        return jtu.tree_unflatten(jtu.tree_structure(node), flags)
+
+    return eqx.tree_at(where, mask, replace_fn=mark)
 
 
 def _owner_and_name(model: PyTree[Any], path: tuple[Any, ...]) -> tuple[Any, str | None]:
@@ -108,8 +120,10 @@ class Parametrisation(eqx.Module):
         - `bounds`: `{where: (lower, upper)}` overriding the class defaults.
         - `prior_bounds`: bounds from uniform priors (used where `bounds` says nothing).
 
-        Raises `ValueError` when a free leaf is solved linearly, or a starting value is
-        outside its bounds (naming the parameter and the interval).
+        Leaves solved linearly are never free (the objective solves them at every
+        evaluation; use `GaussianLikelihood(..., linear=False)` to fit them instead).
+        Raises `ValueError` when a starting value is outside its bounds (naming the
+        parameter and the interval).
         """
         path_leaves, treedef = jtu.tree_flatten_with_path(model)
         n = len(path_leaves)
@@ -124,18 +138,8 @@ class Parametrisation(eqx.Module):
                 spec = [bool(free(leaf)) for _, leaf in path_leaves]
             else:
                 spec = _as_list(model, free)
-            fr = [s and f for s, f in zip(spec, is_float, strict=True)]
-            clash = [
-                jtu.keystr(p)
-                for (p, _), s, li in zip(path_leaves, fr, lin, strict=True)
-                if s and li
-            ]
-            if clash:
-                raise ValueError(
-                    f"{', '.join(c.lstrip('.') for c in clash)} is solved linearly by the "
-                    "objective (linear=True in its imaging term), so it cannot also be free; "
-                    "leave it out of `free`"
-                )
+            # amplitudes solved linearly are never free: the objective re-solves them
+            fr = [s and f and not li for s, f, li in zip(spec, is_float, lin, strict=True)]
         bnd: list[Bounds | None] = []
         for owner, name in owners:
             table = getattr(type(owner), "bounds", {}) if owner is not None else {}

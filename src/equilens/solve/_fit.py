@@ -297,9 +297,10 @@ def fit(
     - `solver`: a name from `SOLVER_NAMES` ("lm" (default), "bfgs", "nonlinear-cg",
       "adam", "lbfgs"), an optimistix least-squares solver (needs an objective whose
       terms all have whitened residuals) or minimiser, or an optax transformation.
-    - `free`: which leaves vary: None (all floating-point leaves except amplitudes the
-      objective solves linearly), a boolean pytree shaped like `model`
-      (`equilens.objective.select`), or a predicate on leaves.
+    - `free`: which leaves vary: None (all floating-point leaves but the fields a class
+      lists in `fixed`), a boolean pytree shaped like `model` (`equilens.select`), or a
+      predicate on leaves. Amplitudes the objective solves linearly are never free: they
+      are solved at every evaluation (`GaussianLikelihood(..., linear=False)` fits them).
     - `bounds`: `{where: (lower, upper)}` overriding the default bounds of the profile
       classes (and of `UniformPrior` terms); parameters are reparametrised to stay inside.
     - `max_steps`: solver steps at most; `rtol`, `atol`: tolerances of named solvers (and
@@ -311,8 +312,8 @@ def fit(
     **Returns:** a `FitResult`.
 
     Raises `ValueError` for an incompatible combination (Levenberg-Marquardt with a term
-    that has no residuals, a linearly-solved amplitude marked free, a start outside the
-    bounds), naming the reason.
+    that has no residuals, no free parameter, a start outside the bounds), naming the
+    reason.
     """
     t0 = time.perf_counter()
     kind, solver_obj, name, param = _prepare(
