@@ -1,9 +1,14 @@
 """The `equilens` command.
 
-`equilens demo [--output DIR] [--seed N]` simulates an HST-like lens (SIE + external shear,
-Sersic lens light, Sersic source; 100x100 pixels at 0.05", Gaussian PSF, sky and Poisson
-noise), and writes `demo.png` (data, noise-free model with critical curves, source plane
-with caustics) and `demo.fits` (the simulated image) to DIR (default `equilens_demo`).
+`equilens demo [--output DIR] [--solver NAME]` fits the HST image of SDSS J0946+1006 shipped
+with the package (SIE + external shear, Sersic lens light, Sersic source with linear
+amplitudes, 3" circular mask, 2x2 supersampling, generic start) and writes `demo.json` and `demo.png` to DIR
+(default `equilens_demo`).
+
+`equilens fit IMAGE.fits --noise-map NOISE.fits --psf PSF.fits --pixel-scale 0.05
+[--mask MASK.fits] [--mask-radius R] --mass sie+shear [--lens-light sersic]
+--source sersic --json OUT.json` fits a user's data the same way and writes OUT.json and a
+PNG next to it. Errors are one line on stderr and a non-zero exit status.
 """
 
 import argparse
@@ -11,81 +16,100 @@ import os
 import sys
 import time
 
-
-def _demo_system():
-    from . import LensSystem, light, mass
-
-    return LensSystem(
-        mass=mass.SIE(theta_E=1.2, e1=0.12, e2=-0.06) + mass.ExternalShear(0.04, -0.02),
-        lens_light=light.Sersic(amp=8.0, R_sersic=0.9, n_sersic=3.5, e1=0.08, e2=-0.03),
-        source=light.Sersic(
-            amp=12.0, R_sersic=0.12, n_sersic=1.2, e1=0.1, e2=0.15, center_x=0.06, center_y=0.04
-        ),
-    )
+DEMO_MASK_RADIUS = 3.0  # arcsec: the lens and the inner ring of SDSS J0946+1006
+DEMO_SUPERSAMPLING = 2  # the source is compact (R ~ 0.1"): 2x2 sub-pixels per pixel
 
 
-def run_demo(output: str, seed: int = 0) -> dict[str, str]:
-    """Simulates the demo lens and writes its figure and FITS image; returns the paths."""
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _load(
+    image: str,
+    noise_map: str,
+    psf: str,
+    pixel_scale: float,
+    exclude: str | None,
+    radius: float | None,
+    supersampling: int,
+):
     import numpy as np
-    from astropy.io import fits
 
-    from . import GaussianPSF, Grid, lensing, simulate
+    from . import Imaging
+
+    if not pixel_scale > 0:
+        raise ValueError(f"--pixel-scale must be > 0 arcsec, got {pixel_scale}")
+    if radius is not None and not radius > 0:
+        raise ValueError(f"--mask-radius must be > 0 arcsec, got {radius}")
+    full = Imaging.from_fits(image, noise_map, psf, pixel_scale, exclude_mask=exclude)
+    mask = np.asarray(full.mask)
+    if radius is not None:
+        mask = mask & full.grid.circular_mask(radius)
+    return Imaging(
+        np.asarray(full.data),
+        np.asarray(full.noise_map),
+        full.psf,
+        pixel_scale,
+        mask=mask,
+        supersampling=supersampling,
+    ).cropped()
+
+
+def run_fit(
+    imaging,
+    json_path: str,
+    mass: str,
+    lens_light: str | None,
+    source: str,
+    solver: str = "lm",
+    title: str = "",
+    extra: dict | None = None,
+) -> dict[str, str]:
+    """Fits `imaging` (`equilens.solve.fit_lens`), prints the parameters with errors, and
+    writes the JSON result to `json_path` and the figure next to it (`.png`)."""
+    from .plot import plot_fit
+    from .solve import fit_lens, write_json
 
     t0 = time.perf_counter()
-    system = _demo_system()
-    grid = Grid((100, 100), 0.05, supersampling=2)
-    psf = GaussianPSF(fwhm=0.1, pixel_scale=0.05)
-    data = simulate(jax.random.key(seed), system, grid, psf, exposure_time=2000.0, sky_level=1.0)
-    model = np.asarray(system.image(grid, psf))
-    fine = Grid((200, 200), 0.025, supersampling=2)
-    crit = lensing.critical_curves(system.mass, fine)
-    caus = lensing.caustics(system.mass, fine)
-    src_grid = Grid((100, 100), 0.006, origin=(0.06, 0.04))
-    src = np.asarray(system.source_plane_image(src_grid))
-
-    os.makedirs(output, exist_ok=True)
-    half = 50 * 0.05
-    ext = [-half, half, -half, half]
-    fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.4), constrained_layout=True)
-    im = axes[0].imshow(np.asarray(data.data), origin="lower", extent=ext, cmap="magma")
-    axes[0].set_title("simulated data (e-/s per pixel)")
-    fig.colorbar(im, ax=axes[0], shrink=0.8)
-    im = axes[1].imshow(model, origin="lower", extent=ext, cmap="magma")
-    for line in crit:
-        axes[1].plot(line[:, 0], line[:, 1], color="cyan", lw=0.8)
-    axes[1].set_title("model and critical curves")
-    fig.colorbar(im, ax=axes[1], shrink=0.8)
-    sh = 50 * 0.006
-    sext = [0.06 - sh, 0.06 + sh, 0.04 - sh, 0.04 + sh]
-    im = axes[2].imshow(src, origin="lower", extent=sext, cmap="magma")
-    for line in caus:
-        axes[2].plot(line[:, 0], line[:, 1], color="cyan", lw=0.8)
-    axes[2].set_xlim(sext[:2])
-    axes[2].set_ylim(sext[2:])
-    axes[2].set_title("source (e-/s/arcsec$^2$) and caustics")
-    fig.colorbar(im, ax=axes[2], shrink=0.8)
-    for ax in axes:
-        ax.set_xlabel("x [arcsec]")
-        ax.set_ylabel("y [arcsec]")
-    png = os.path.join(output, "demo.png")
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    fits_path = os.path.join(output, "demo.fits")
-    fits.PrimaryHDU(np.asarray(data.data)).writeto(fits_path, overwrite=True)
     print(
-        f"equilens demo: simulated a {grid.shape[0]}x{grid.shape[1]} lens "
-        f'(SIE theta_E = 1.2" + shear) in {time.perf_counter() - t0:.1f} s'
+        f"equilens: fitting {mass} mass, {lens_light or 'no'} lens light, {source} source to "
+        f"{imaging.shape[0]}x{imaging.shape[1]} pixels ({int(imaging.mask.sum())} in the mask)"
     )
-    print(f"  figure: {png}")
-    print(f"  image:  {fits_path}")
-    return {"png": png, "fits": fits_path}
+    result = fit_lens(imaging, mass, lens_light, source, solver=solver)
+    print(result.table())
+    folder = os.path.dirname(os.path.abspath(json_path))
+    os.makedirs(folder, exist_ok=True)
+    write_json(json_path, result, **(extra or {}))
+    png = os.path.splitext(json_path)[0] + ".png"
+    plot_fit(result.model, imaging, png, title=title)
+    print(f"  result: {json_path}\n  figure: {png}\n  wall time {time.perf_counter() - t0:.1f} s")
+    return {"json": json_path, "png": png}
+
+
+def run_demo(output: str, solver: str = "lm") -> dict[str, str]:
+    """Fits the shipped HST image of SDSS J0946+1006; returns the output paths."""
+    from importlib.resources import files
+
+    folder = files("equilens") / "_data" / "SDSSJ0946+1006"
+    imaging = _load(
+        str(folder / "image.fits"),
+        str(folder / "noise_map.fits"),
+        str(folder / "psf.fits"),
+        0.05,
+        str(folder / "mask_extra_galaxies.fits"),
+        DEMO_MASK_RADIUS,
+        DEMO_SUPERSAMPLING,
+    )
+    out = run_fit(
+        imaging,
+        os.path.join(output, "demo.json"),
+        "sie+shear",
+        "sersic",
+        "sersic",
+        solver,
+        title="SDSS J0946+1006 (HST F814W): SIE + shear, Sersic lens light, Sersic source",
+        extra={
+            "data": "SDSS J0946+1006, HST ACS F814W (see equilens/_data/SDSSJ0946+1006)",
+            "published_theta_E": 1.38,
+        },
+    )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,15 +117,46 @@ def main(argv: list[str] | None = None) -> int:
         prog="equilens", description="equilens: strong gravitational lens modelling"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="simulate a lens and write its image as PNG")
+    demo = sub.add_parser("demo", help="fit the shipped HST image of SDSS J0946+1006")
     demo.add_argument("--output", default="equilens_demo", help="output folder")
-    demo.add_argument("--seed", type=int, default=0, help="noise seed")
+    demo.add_argument("--solver", default="lm", help="solver name (lm, bfgs, lbfgs, adam)")
+    fit = sub.add_parser("fit", help="fit a lens model to your own imaging data")
+    fit.add_argument("image", help="image FITS file (flux per pixel)")
+    fit.add_argument("--noise-map", required=True, help="1-sigma noise FITS file")
+    fit.add_argument("--psf", required=True, help="PSF kernel FITS file (odd-sized)")
+    fit.add_argument("--pixel-scale", required=True, type=float, help="arcsec per pixel")
+    fit.add_argument("--mask", help="FITS file, non-zero = pixel excluded")
+    fit.add_argument("--mask-radius", type=float, help="use pixels within R arcsec of the centre")
+    fit.add_argument("--mass", default="sie+shear", help="mass profiles, '+'-joined")
+    fit.add_argument("--lens-light", default=None, help="lens light profiles (default none)")
+    fit.add_argument("--source", default="sersic", help="source light profiles")
+    fit.add_argument("--supersampling", type=int, default=1, help="sub-pixels per pixel side")
+    fit.add_argument("--solver", default="lm", help="solver name (lm, bfgs, lbfgs, adam)")
+    fit.add_argument("--json", required=True, help="output JSON path (PNG written beside it)")
     args = parser.parse_args(argv)
+
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
     try:
         if args.command == "demo":
-            run_demo(args.output, args.seed)
-    except (ValueError, OSError) as err:
-        print(f"equilens: error: {err}", file=sys.stderr)
+            run_demo(args.output, args.solver)
+        else:
+            if args.supersampling < 1:
+                raise ValueError(f"--supersampling must be >= 1, got {args.supersampling}")
+            imaging = _load(
+                args.image,
+                args.noise_map,
+                args.psf,
+                args.pixel_scale,
+                args.mask,
+                args.mask_radius,
+                args.supersampling,
+            )
+            run_fit(imaging, args.json, args.mass, args.lens_light, args.source, args.solver)
+    except (ValueError, OSError, RuntimeError, TypeError) as err:
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"equilens: error: {msg}", file=sys.stderr)
         return 1
     return 0
 

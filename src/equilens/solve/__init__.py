@@ -1,5 +1,25 @@
 """Fitting: `fit` (one start), `fit_batch` and `multi_start` (vmapped batches of starts or
 objectives), `FitResult` and its `RESULTS` codes, saving and loading."""
 
-from ._fit import SOLVER_NAMES as SOLVER_NAMES, fit as fit, fit_batch as fit_batch, pick as pick
+from ._fit import (
+    SOLVER_NAMES as SOLVER_NAMES,
+    MultiStart as MultiStart,
+    fit as fit,
+    fit_batch as fit_batch,
+    multi_start as multi_start,
+    pick as pick,
+    sample_starts as sample_starts,
+)
+from ._io import (
+    load as load,
+    result_to_dict as result_to_dict,
+    save as save,
+    write_json as write_json,
+)
+from ._pipeline import fit_lens as fit_lens
 from ._result import RESULTS as RESULTS, FitResult as FitResult
+from ._start import (
+    LightMoments as LightMoments,
+    light_moments as light_moments,
+    start_model as start_model,
+)

@@ -9,10 +9,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 import optax
 import optimistix as optx
 from jax.flatten_util import ravel_pytree
-from jaxtyping import Array, PyTree
+from jaxtyping import Array, PRNGKeyArray, PyTree
 
 from ..objective import Objective, Parametrisation
 from ..objective._params import Bounds, Where, linear_leaves
@@ -427,3 +428,77 @@ def _index(tree: PyTree[Any], i: int) -> PyTree[Any]:
 def pick(batch: FitResult, index: int) -> FitResult:
     """Element `index` of a batched `FitResult` (from `fit_batch` or `multi_start`)."""
     return _index(batch, index)
+
+
+class MultiStart(eqx.Module):
+    """The outcome of `multi_start`: `best` (the successful start with the lowest
+    objective) and `starts` (every start's `FitResult`, batched along a leading axis)."""
+
+    best: FitResult
+    starts: FitResult
+    best_index: int = eqx.field(static=True)
+
+
+def sample_starts(
+    key: PRNGKeyArray, objective: Objective, model: PyTree[Any], n: int
+) -> PyTree[Any]:
+    """`n` starting models (leaves stacked on a leading axis): every parameter with a
+    `GaussianPrior` or `UniformPrior` term in `objective` drawn from it, the rest as in
+    `model`."""
+    from ..terms import GaussianPrior
+
+    models = []
+    for k in jax.random.split(key, n):
+        m = model
+        for t, kk in zip(objective.terms, jax.random.split(k, len(objective.terms)), strict=True):
+            if isinstance(t, GaussianPrior):
+                shape = jnp.shape(t.where(m))
+                draw = t.mean + t.sigma * jax.random.normal(kk, shape, t.sigma.dtype)
+            elif isinstance(t, UniformPrior):
+                shape = jnp.shape(t.where(m))
+                u = jax.random.uniform(kk, shape, t.lower.dtype)
+                draw = t.lower + (t.upper - t.lower) * u
+            else:
+                continue
+            m = eqx.tree_at(t.where, m, draw.astype(t.where(m).dtype))
+        models.append(m)
+    return jtu.tree_map(lambda *x: jnp.stack(x), *models)
+
+
+def multi_start(
+    key: PRNGKeyArray,
+    objective: Objective,
+    model: PyTree[Any],
+    solver: SolverLike = "lm",
+    *,
+    n_starts: int = 8,
+    free: PyTree[bool] | Callable[[Any], bool] | None = None,
+    bounds: Mapping[Where, Bounds] | None = None,
+    max_steps: int = 500,
+    rtol: float = 1e-6,
+    atol: float = 1e-6,
+    throw: bool = True,
+) -> MultiStart:
+    """Fits `n_starts` starting points drawn from the objective's priors
+    (`sample_starts`) in one vmapped batch (`fit_batch`) and picks the best.
+
+    Raises `RuntimeError` when no start succeeds and `throw` is True."""
+    starts = sample_starts(key, objective, model, n_starts)
+    batch = fit_batch(
+        objective,
+        starts,
+        solver,
+        free=free,
+        bounds=bounds,
+        max_steps=max_steps,
+        rtol=rtol,
+        atol=atol,
+    )
+    ok = np.asarray(batch.result._value) == RESULTS.successful._value  # pyright: ignore
+    values = np.where(ok, np.asarray(batch.value), np.inf)
+    if not np.isfinite(values).any():
+        if throw:
+            raise RuntimeError(f"multi-start fit: none of the {n_starts} starts succeeded")
+        values = np.nan_to_num(np.asarray(batch.value), nan=np.inf)
+    best = int(np.argmin(values))
+    return MultiStart(best=pick(batch, best), starts=batch, best_index=best)
