@@ -28,7 +28,7 @@ class Objective(eqx.Module):
     def __init__(
         self,
         terms: AbstractTerm | Sequence[AbstractTerm],
-        weights: Float[ArrayLike, " n_terms"] | None = None,
+        weights: Sequence[float] | Float[ArrayLike, " n_terms"] | None = None,
     ):
         terms = (terms,) if isinstance(terms, AbstractTerm) else tuple(terms)
         if not terms:

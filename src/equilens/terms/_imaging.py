@@ -57,7 +57,7 @@ def solve_amplitudes(
     images, fixed = system.linear_images(imaging.grid, imaging.convolution)
     idx = _used_pixels(imaging) if pixels is None else pixels
     w = 1.0 / imaging.noise_map.reshape(-1)[idx]
-    a = images.reshape(images.shape[0], -1)[:, idx] * w
+    a = images.reshape(images.shape[0], -1)[:, idx] * w[None, :]
     target = imaging.data if fixed is None else imaging.data - fixed
     b = target.reshape(-1)[idx] * w
     g = a @ a.T

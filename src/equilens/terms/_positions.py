@@ -15,7 +15,7 @@ from ..mass import AbstractMassProfile
 from ._base import AbstractLeastSquaresTerm
 
 
-def _vector(x: Float[ArrayLike, " n"]) -> Float[Array, " n"]:
+def _vector(x: Float[ArrayLike, "..."]) -> Float[Array, "..."]:
     return as_float(x)
 
 
