@@ -2,8 +2,8 @@
 
 `equilens demo [--output DIR] [--solver NAME]` fits the HST image of SDSS J0946+1006 shipped
 with the package (SIE + external shear, Sersic lens light, Sersic source with linear
-amplitudes, 3" circular mask, 2x2 supersampling, generic start) and writes `demo.json` and `demo.png` to DIR
-(default `equilens_demo`).
+amplitudes, 3" circular mask, 2x2 supersampling, generic start) and writes `demo.json` and
+`demo.png` to DIR (default `equilens_demo`).
 
 `equilens fit IMAGE.fits --noise-map NOISE.fits --psf PSF.fits --pixel-scale 0.05
 [--mask MASK.fits] [--mask-radius R] --mass sie+shear [--lens-light sersic]

@@ -149,7 +149,9 @@ def _optax_loop(opt, f, raw0, max_steps, rtol, atol, progress_every, bar_id):
     def body(carry):
         y, k, st, f_prev, calm, _ = carry
         v, g = value_and_grad(y)
-        updates, st = opt.update(g, st, y, value=v, grad=g, value_fn=f)
+        # optax mixes integer step counts with floats: standard promotion for its internals
+        with jax.numpy_dtype_promotion("standard"):
+            updates, st = opt.update(g, st, y, value=v, grad=g, value_fn=f)
         y = optax.apply_updates(y, updates)
         small = jnp.abs(v - f_prev) <= atol + rtol * jnp.abs(v)
         calm = jnp.where(small, calm + 1, 0)
@@ -159,7 +161,9 @@ def _optax_loop(opt, f, raw0, max_steps, rtol, atol, progress_every, bar_id):
         return y, k + 1, st, v, calm, res
 
     inf = jnp.array(jnp.inf, dtype=jnp.result_type(*jtu.tree_leaves(raw0)))
-    carry = (raw0, jnp.array(0), opt.init(raw0), inf, jnp.array(0), RESULTS.successful)
+    with jax.numpy_dtype_promotion("standard"):
+        state0 = opt.init(raw0)
+    carry = (raw0, jnp.array(0), state0, inf, jnp.array(0), RESULTS.successful)
     y, k, _, _, calm, res = jax.lax.while_loop(cond, body, carry)
     res = RESULTS.where(
         (res == RESULTS.successful) & (calm < _PATIENCE), RESULTS.nonlinear_max_steps_reached, res
@@ -187,7 +191,7 @@ def _covariance(objective: Objective, param: Parametrisation, model, least_squar
     w, v = jnp.linalg.eigh(hess * s[:, None] * s[None, :])
     eps = jnp.finfo(hess.dtype).eps
     ok = (jnp.min(w) > 100 * eps * jnp.max(jnp.abs(w))) & jnp.all(d > 0)
-    cov = (v / jnp.where(w > 0, w, jnp.nan)) @ v.T * s[:, None] * s[None, :]
+    cov = (v / jnp.where(w > 0, w, jnp.nan)[None, :]) @ v.T * s[:, None] * s[None, :]
     return cov, ok
 
 
@@ -375,7 +379,7 @@ def fit_batch(
     models: PyTree[Any],
     solver: SolverLike = "lm",
     *,
-    objective_axis: int | None = None,
+    objective_batched: Where | None = None,
     free: PyTree[bool] | Callable[[Any], bool] | None = None,
     bounds: Mapping[Where, Bounds] | None = None,
     max_steps: int = 500,
@@ -383,16 +387,27 @@ def fit_batch(
     atol: float = 1e-6,
 ) -> FitResult:
     """Fits a batch of starting models (array leaves with a leading batch axis, e.g. from
-    `jax.tree.map(lambda *x: jnp.stack(x), *models)`) in one `vmap`-ed solve; with
-    `objective_axis=0` the objective is batched too (its array leaves, e.g. the term
-    `weights`, carry the same leading axis: a hyperparameter survey).
+    `jax.tree.map(lambda *x: jnp.stack(x), *models)`) in one `vmap`-ed solve.
+    `objective_batched` (a `where` function, e.g. `lambda o: o.weights`) names the parts of
+    the objective that carry the same leading axis: a hyperparameter survey over term
+    weights or prior parameters.
 
     Returns a `FitResult` whose array fields have the leading batch axis; failures are
     reported per element in `result` (never raised).
     """
     t0 = time.perf_counter()
     first = _index(models, 0)
-    obj0 = objective if objective_axis is None else _index(objective, 0)
+    if objective_batched is None:
+        obj0, obj_axes = objective, None
+    else:
+        obj0 = eqx.tree_at(objective_batched, objective, replace_fn=lambda n: _index(n, 0))
+        axes = jtu.tree_map(lambda _: None, objective)
+        obj_axes = eqx.tree_at(
+            objective_batched,
+            axes,
+            replace_fn=lambda n: jtu.tree_map(lambda _: 0, n, is_leaf=lambda x: x is None),
+            is_leaf=lambda x: x is None,
+        )
     kind, solver_obj, name, param = _prepare(
         obj0, first, solver, free, bounds, max_steps, rtol, atol
     )
@@ -400,7 +415,7 @@ def fit_batch(
     for i in range(jtu.tree_leaves(raw0)[0].shape[0]):
         param.check(_index(models, i))
 
-    @eqx.filter_vmap(in_axes=(objective_axis, 0, 0))
+    @eqx.filter_vmap(in_axes=(obj_axes, 0, 0))
     def run(obj, tmpl, r0):
         return _fit_core(kind, solver_obj, obj, param, tmpl, r0, max_steps, rtol, atol, (0, -1))
 

@@ -6,7 +6,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
-from jaxtyping import Array, Float, Int, PyTree, Scalar
+from jaxtyping import Array, Float, Int, PyTree
 
 
 class RESULTS(optx.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
@@ -37,15 +37,18 @@ class FitResult(eqx.Module):
       amplitudes solved inside the objective this is the covariance marginalised over them.
     - `names`: path of every free scalar parameter, e.g. `mass.components[0].theta_E`.
     - `solver`: the solver's name; `wall_time`: seconds (host clock, compile included).
+
+    Batched fits (`fit_batch`, `multi_start`) give the array fields a leading batch axis;
+    `equilens.solve.pick(result, i)` takes one element.
     """
 
     model: PyTree[Any]
-    value: Scalar
-    term_values: Float[Array, " n_terms"]
-    chi2: Scalar
-    num_steps: Int[Array, ""]
+    value: Float[Array, "*batch"]
+    term_values: Float[Array, "*batch n_terms"]
+    chi2: Float[Array, "*batch"]
+    num_steps: Int[Array, "*batch"]
     result: RESULTS
-    covariance: Float[Array, "n n"]
+    covariance: Float[Array, "*batch n n"]
     names: tuple[str, ...] = eqx.field(static=True)
     n_data: int = eqx.field(static=True)
     n_linear: int = eqx.field(static=True)
@@ -57,12 +60,12 @@ class FitResult(eqx.Module):
         return len(self.names)
 
     @property
-    def reduced_chi2(self) -> Scalar:
+    def reduced_chi2(self) -> Float[Array, "*batch"]:
         dof = max(self.n_data - self.n_free - self.n_linear, 1)
         return self.chi2 / dof
 
     @property
-    def errors(self) -> Float[Array, " n"]:
+    def errors(self) -> Float[Array, "*batch n"]:
         """1-sigma errors of the free parameters (square root of the covariance diagonal)."""
         return jnp.sqrt(jnp.diagonal(self.covariance, axis1=-2, axis2=-1))
 

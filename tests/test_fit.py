@@ -1,0 +1,182 @@
+"""Fits of simulated lenses: recovery within the reported errors, solvers, batches, I/O."""
+
+import json
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import optimistix as optx
+import pytest
+
+import equilens as el
+from equilens import light, mass
+from equilens.solve import _fit
+
+X64 = jax.config.read("jax_enable_x64")
+GRID = el.Grid((48, 48), 0.06)
+PSF = el.GaussianPSF(0.12, 0.06)
+
+
+def _truth():
+    return el.LensSystem(
+        mass=mass.SIE(theta_E=1.0, e1=0.08, e2=-0.04) + mass.ExternalShear(0.03, -0.01),
+        source=light.Sersic(amp=15.0, R_sersic=0.15, n_sersic=1.2, center_x=0.05, e2=0.1),
+    )
+
+
+def _data(seed: int) -> el.Imaging:
+    return el.simulate(
+        jax.random.key(seed),
+        _truth(),
+        GRID,
+        PSF,
+        exposure_time=1500.0,
+        sky_level=0.5,
+        mask=GRID.circular_mask(1.4),
+    )
+
+
+def _start(truth):
+    # a generic start away from the truth (about 5-50 sigma in every parameter)
+    return el.LensSystem(
+        mass=mass.SIE(theta_E=0.9, e1=0.0, e2=0.0) + mass.ExternalShear(0.0, 0.0),
+        source=light.Sersic(amp=1.0, R_sersic=0.2, n_sersic=1.0, center_x=0.0, center_y=0.0),
+    )
+
+
+SOLVERS = {"lm": 300, "bfgs": 600, "adam": 3000}
+
+
+@pytest.mark.x64_only
+@pytest.mark.parametrize("solver", list(SOLVERS))
+def test_fits_recover_truth_within_reported_errors(solver):
+    """Coverage over seeds: the normalised deviations (fit - truth) / sigma of all 13
+    non-linear parameters, pooled over 5 noise realisations, behave like unit normals."""
+    truth = _truth()
+    z = []
+    for seed in range(5):
+        data = _data(seed)
+        obj = el.Objective(el.GaussianLikelihood(data))
+        r = el.fit(obj, _start(truth), solver, max_steps=SOLVERS[solver])
+        assert r.success, r.message()
+        param = el.objective.Parametrisation.build(
+            truth, el.objective._params.linear_leaves(truth, obj)
+        )
+        true_vals = np.concatenate([np.ravel(v) for v in param.values(truth)])
+        z.append((np.asarray(r.values) - true_vals) / np.asarray(r.errors))
+        assert 0.7 < float(r.reduced_chi2) < 1.3
+    z = np.concatenate(z)
+    inside = np.mean(np.abs(z) < 1)
+    # 65 values: 68% expected inside 1 sigma; binomial 3-sigma band ~ [0.50, 0.86]
+    assert 0.5 <= inside <= 0.87, (inside, z)
+    assert np.max(np.abs(z)) < 4.5, z
+
+
+def test_lm_fit_basics_and_no_retrace():
+    data = _data(0)
+    obj = el.Objective(el.GaussianLikelihood(data))
+    truth = _truth()
+    start = _start(truth)
+    r = el.fit(obj, start, "lm")
+    assert r.success
+    tol = 1e-3 if X64 else 2e-2
+    assert abs(float(r.model.mass.components[0].theta_E) - 1.0) < tol
+    # the amplitude is solved (and filled into the best model), not fitted
+    assert "source.amp" not in r.names
+    assert abs(float(r.model.source.amp) - 15.0) / 15.0 < 0.05
+    assert r.covariance.shape == (13, 13)
+    np.testing.assert_allclose(np.asarray(r.covariance), np.asarray(r.covariance).T, rtol=1e-6)
+    assert "mass.components[0].theta_E" in r.table()
+    # another start with the same structure: no new trace of the compiled fit
+    before = eqx.debug.get_num_traces(_fit._fit_core)
+    moved = eqx.tree_at(lambda s: s.mass.components[0].theta_E, start, jnp.asarray(1.1))
+    r2 = el.fit(obj, moved, "lm")
+    assert eqx.debug.get_num_traces(_fit._fit_core) == before
+    assert abs(float(r2.value) - float(r.value)) < 1e-3 * abs(float(r.value))
+
+
+def test_solver_objects_and_names():
+    data = _data(1)
+    obj = el.Objective(el.GaussianLikelihood(data))
+    start = _truth()
+    for solver in (optx.LevenbergMarquardt(rtol=1e-6, atol=1e-6), "nonlinear-cg", optax.adam(1e-3)):
+        r = el.fit(obj, start, solver, max_steps=200, throw=False)
+        assert np.isfinite(float(r.value))
+    with pytest.raises(ValueError, match="unknown solver"):
+        el.fit(obj, start, "newton")
+    with pytest.raises(TypeError, match="solver"):
+        el.fit(obj, start, 3.0)  # pyright: ignore
+    with pytest.raises(ValueError, match="no free parameters"):
+        el.fit(obj, start, "lm", free=lambda leaf: False)
+
+
+def test_failure_is_reported_not_raised_with_throw_false():
+    data = _data(2)
+    obj = el.Objective(el.GaussianLikelihood(data))
+    r = el.fit(obj, _start(_truth()), "lm", max_steps=2, throw=False)
+    assert not r.success
+    assert r.result == el.RESULTS.nonlinear_max_steps_reached
+    with pytest.raises(RuntimeError, match="maximum number of steps"):
+        el.fit(obj, _start(_truth()), "lm", max_steps=2)
+
+
+@pytest.mark.x64_only
+def test_multi_start_and_survey():
+    data = _data(3)
+    prior = el.UniformPrior(lambda s: s.mass.components[0].theta_E, 0.6, 1.6)
+    obj = el.Objective([el.GaussianLikelihood(data), prior])
+    ms = el.solve.multi_start(jax.random.key(0), obj, _start(_truth()), "lm", n_starts=3)
+    assert ms.starts.value.shape == (3,)
+    assert ms.best.success
+    assert float(ms.best.value) == pytest.approx(float(np.nanmin(np.asarray(ms.starts.value))))
+    assert abs(float(ms.best.model.mass.components[0].theta_E) - 1.0) < 5e-3
+    # starts were drawn inside the prior, and differ
+    thetas = np.asarray(ms.starts.model.mass.components[0].theta_E)
+    assert np.all((thetas > 0.6) & (thetas < 1.6))
+    # a survey over the weight of a Gaussian prior on the Einstein radius: a strong prior
+    # pulls theta_E to its mean, a weak one leaves the data's value
+    gp = el.GaussianPrior(lambda s: s.mass.components[0].theta_E, 1.2, 0.01)
+    survey_obj = el.Objective([el.GaussianLikelihood(data), gp])
+    weights = jnp.array([[1.0, 1e-6], [1.0, 1e4]])
+    objectives = eqx.tree_at(lambda o: o.weights, survey_obj, weights)
+    starts = jax.tree.map(lambda x: jnp.stack([x, x]), _truth())
+    batch = el.fit_batch(survey_obj, starts, "lm", max_steps=100)
+    assert batch.value.shape == (2,)
+    survey = el.fit_batch(
+        objectives, starts, "lm", objective_batched=lambda o: o.weights, max_steps=200
+    )
+    te = np.asarray(survey.model.mass.components[0].theta_E)
+    assert abs(te[0] - 1.0) < 5e-3 and abs(te[1] - 1.2) < 5e-3
+
+
+def test_save_load_and_json(tmp_path):
+    data = _data(4)
+    obj = el.Objective(el.GaussianLikelihood(data))
+    r = el.fit(obj, _truth(), "lm")
+    el.solve.save(tmp_path / "result.eqx", r)
+    back = el.solve.load(tmp_path / "result.eqx", r)
+    assert float(back.model.mass.components[0].theta_E) == float(r.model.mass.components[0].theta_E)
+    np.testing.assert_array_equal(np.asarray(back.covariance), np.asarray(r.covariance))
+    el.solve.write_json(tmp_path / "r.json", r)
+    out = json.loads((tmp_path / "r.json").read_text())
+    classes = [c["class"] for c in out["components"]]
+    assert classes == ["SIE", "ExternalShear", "Sersic"]
+    sie = out["components"][0]["parameters"]
+    assert set(sie) == {"theta_E", "e1", "e2", "center_x", "center_y"}
+    assert sie["theta_E"]["error"] > 0
+    assert out["components"][2]["parameters"]["amp"]["error"] == "linear"
+    assert out["components"][1]["parameters"]["ra_0"]["error"] is None
+    assert out["reduced_chi2"] == pytest.approx(float(r.reduced_chi2))
+    with pytest.raises(ValueError, match="no saved model"):
+        el.solve.load(tmp_path / "missing.eqx", r)
+
+
+def test_poisson_fit_with_bfgs():
+    data = _data(5)
+    obj = el.Objective(el.PoissonLikelihood(data, exposure_time=1500.0, background=0.5 * 0.06**2))
+    r = el.fit(obj, _truth(), "bfgs", max_steps=400)
+    assert r.success, r.message()
+    assert abs(float(r.model.mass.components[0].theta_E) - 1.0) < 5 * float(r.errors[0]) + 1e-3
+    assert "source.amp" in r.names  # fitted, not solved, under a Poisson likelihood
