@@ -203,7 +203,8 @@ def test_positions_term_is_zero_for_exact_images():
         bx, by = lens.ray_shoot(t[0], t[1])
         return jnp.stack([bx - beta[0], by - beta[1]])
 
-    solve = jax.jit(lambda g: optx.root_find(lens_eq, optx.Newton(1e-12, 1e-12), g).value)
+    tol = 1e-12 if X64 else 1e-6
+    solve = jax.jit(lambda g: optx.root_find(lens_eq, optx.Newton(tol, tol), g).value)
     sols = [solve(jnp.array(g, dtype=beta.dtype)) for g in guesses]
     x = jnp.stack([s[0] for s in sols])
     y = jnp.stack([s[1] for s in sols])
@@ -222,9 +223,9 @@ def test_priors():
     system = _system()
     g = el.GaussianPrior(lambda s: s.mass.components[0].theta_E, 1.2, 0.1)
     expect = 0.5 * ((1.0 - 1.2) / 0.1) ** 2 + math.log(0.1 * math.sqrt(2 * math.pi))
-    assert float(g(system)) == pytest.approx(expect, rel=1e-6)
+    assert float(g(system)) == pytest.approx(expect, rel=1e-5)
     u = el.UniformPrior(lambda s: s.mass.components[0].theta_E, 0.5, 2.0)
-    assert float(u(system)) == pytest.approx(math.log(1.5), rel=1e-6)
+    assert float(u(system)) == pytest.approx(math.log(1.5), rel=1e-5)
     outside = el.UniformPrior(lambda s: s.mass.components[0].theta_E, 1.5, 2.0)
     assert not np.isfinite(float(outside(system)))
 
@@ -244,7 +245,7 @@ def test_parametrisation_bounds_round_trip_and_errors():
     wild = tuple(r + 50.0 for r in raw)
     far = param.to_model(wild, system)
     assert 0 < float(far.mass.components[0].theta_E)
-    assert abs(float(far.mass.components[0].e1)) <= 0.6
+    assert abs(float(far.mass.components[0].e1)) <= 0.6 + 1e-6
     bad = eqx.tree_at(lambda s: s.source.n_sersic, system, jnp.asarray(12.0))
     with pytest.raises(ValueError, match=r"source\.n_sersic = 12\.0 is outside its bounds"):
         Parametrisation.build(bad)

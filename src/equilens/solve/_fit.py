@@ -116,26 +116,40 @@ def _optimistix_loop(kind, solver, fn, raw0, args, max_steps, progress_every, ba
     res0 = RESULTS.successful
 
     def cond(carry):
-        _, k, _, done, res = carry
+        _, k, _, done, res, _ = carry
         return jnp.invert(done) & (res == RESULTS.successful) & (k < max_steps)
 
     def body(carry):
-        y, k, dyn, _, _ = carry
+        y, k, dyn, _, _, still = carry
         st = eqx.combine(dyn, static)
-        y, st, _ = solver.step(fn, y, args, {}, st, tags)
-        done, res = solver.terminate(fn, y, args, {}, st, tags)
-        res = RESULTS.where(_all_finite(y), RESULTS.promote(res), RESULTS.nonfinite)
+        new_y, st, _ = solver.step(fn, y, args, {}, st, tags)
+        done, res = solver.terminate(fn, new_y, args, {}, st, tags)
+        res = RESULTS.where(_all_finite(new_y), RESULTS.promote(res), RESULTS.nonfinite)
+        # A step the solver rejects leaves y unchanged. _STALL rejections in a row mean no
+        # decrease can be found at this floating-point precision (in float32 the
+        # trust region can shrink forever): that is a converged fit.
+        same = jnp.all(
+            jnp.stack(
+                [
+                    jnp.all(a == b)
+                    for a, b in zip(jtu.tree_leaves(new_y), jtu.tree_leaves(y), strict=True)
+                ]
+            )
+        )
+        still = jnp.where(same, still + 1, 0)
+        done = done | (still >= _STALL)
         _report(progress_every, bar_id, k + 1)
-        return y, k + 1, eqx.partition(st, eqx.is_array)[0], done, res
+        return new_y, k + 1, eqx.partition(st, eqx.is_array)[0], done, res, still
 
-    carry = (raw0, jnp.array(0), dyn0, jnp.array(False), res0)
-    y, k, _, done, res = jax.lax.while_loop(cond, body, carry)
+    carry = (raw0, jnp.array(0), dyn0, jnp.array(False), res0, jnp.array(0))
+    y, k, _, done, res, _ = jax.lax.while_loop(cond, body, carry)
     res = RESULTS.where(
         (res == RESULTS.successful) & jnp.invert(done), RESULTS.nonlinear_max_steps_reached, res
     )
     return y, k, res
 
 
+_STALL = 20
 _PATIENCE = 10
 
 
@@ -192,6 +206,7 @@ def _covariance(objective: Objective, param: Parametrisation, model, least_squar
     eps = jnp.finfo(hess.dtype).eps
     ok = (jnp.min(w) > 100 * eps * jnp.max(jnp.abs(w))) & jnp.all(d > 0)
     cov = (v / jnp.where(w > 0, w, jnp.nan)[None, :]) @ v.T * s[:, None] * s[None, :]
+    cov = 0.5 * (cov + cov.T)
     return cov, ok
 
 
@@ -256,6 +271,14 @@ def _prior_bounds(objective: Objective) -> dict[Where, Bounds]:
     return out
 
 
+def _default_tol(tol: float | None) -> float:
+    # 1e-6 in float64; in float32 the objective's rounding (~1e-7 relative on a sum over
+    # thousands of pixels) needs a looser rule
+    if tol is not None:
+        return float(tol)
+    return 1e-6 if jnp.finfo(jnp.result_type(float)).bits == 64 else 1e-3
+
+
 def _prepare(objective, model, solver, free, bounds, max_steps, rtol, atol):
     if not isinstance(objective, Objective):
         raise TypeError(f"objective must be an equilens Objective, got {type(objective)}")
@@ -288,8 +311,8 @@ def fit(
     free: PyTree[bool] | Callable[[Any], bool] | None = None,
     bounds: Mapping[Where, Bounds] | None = None,
     max_steps: int = 500,
-    rtol: float = 1e-6,
-    atol: float = 1e-6,
+    rtol: float | None = None,
+    atol: float | None = None,
     throw: bool = True,
     progress: bool = False,
 ) -> FitResult:
@@ -310,7 +333,7 @@ def fit(
       classes (and of `UniformPrior` terms); parameters are reparametrised to stay inside.
     - `max_steps`: solver steps at most; `rtol`, `atol`: tolerances of named solvers (and
       of the optax loop's stopping rule: the objective changes by less than `atol + rtol
-      |f|` for 10 steps in a row).
+      |f|` for 10 steps in a row); default 1e-6 in float64, 1e-3 in float32.
     - `throw`: raise if the fit fails (else read `result.result`).
     - `progress`: show a progress bar (tqdm) updated every few steps from the device loop.
 
@@ -321,6 +344,7 @@ def fit(
     reason.
     """
     t0 = time.perf_counter()
+    rtol, atol = _default_tol(rtol), _default_tol(atol)
     kind, solver_obj, name, param = _prepare(
         objective, model, solver, free, bounds, max_steps, rtol, atol
     )
@@ -383,8 +407,8 @@ def fit_batch(
     free: PyTree[bool] | Callable[[Any], bool] | None = None,
     bounds: Mapping[Where, Bounds] | None = None,
     max_steps: int = 500,
-    rtol: float = 1e-6,
-    atol: float = 1e-6,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> FitResult:
     """Fits a batch of starting models (array leaves with a leading batch axis, e.g. from
     `jax.tree.map(lambda *x: jnp.stack(x), *models)`) in one `vmap`-ed solve.
@@ -396,6 +420,7 @@ def fit_batch(
     reported per element in `result` (never raised).
     """
     t0 = time.perf_counter()
+    rtol, atol = _default_tol(rtol), _default_tol(atol)
     first = _index(models, 0)
     if objective_batched is None:
         obj0, obj_axes = objective, None
@@ -490,8 +515,8 @@ def multi_start(
     free: PyTree[bool] | Callable[[Any], bool] | None = None,
     bounds: Mapping[Where, Bounds] | None = None,
     max_steps: int = 500,
-    rtol: float = 1e-6,
-    atol: float = 1e-6,
+    rtol: float | None = None,
+    atol: float | None = None,
     throw: bool = True,
 ) -> MultiStart:
     """Fits `n_starts` starting points drawn from the objective's priors
