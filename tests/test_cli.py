@@ -1,24 +1,125 @@
-"""The `equilens` command."""
+"""The `equilens` command: the demo fit on the shipped HST data, `fit`, and bad input."""
 
-import os
+import json
 
+import jax
 import numpy as np
 import pytest
 from astropy.io import fits
 
+import equilens as el
+from equilens import light, mass
 from equilens.cli import main
 
+# the command turns float64 on for its process: run these in the float64 session only
+pytestmark = pytest.mark.x64_only
 
-def test_demo_writes_png_and_fits(tmp_path):
-    assert main(["demo", "--output", str(tmp_path), "--seed", "3"]) == 0
-    png = tmp_path / "demo.png"
-    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    data = fits.getdata(tmp_path / "demo.fits")
-    assert data.shape == (100, 100)
-    # a lens: the brightest pixel is the lens galaxy at the centre, and the ring is there
-    i, j = np.unravel_index(np.argmax(data), data.shape)
-    assert abs(i - 49.5) < 3 and abs(j - 49.5) < 3
-    assert os.path.getsize(png) > 10_000
+
+def test_demo_fits_the_hst_lens(tmp_path, capsys):
+    assert main(["demo", "--output", str(tmp_path)]) == 0
+    out = json.loads((tmp_path / "demo.json").read_text())
+    sie = out["components"][0]
+    assert sie["class"] == "SIE" and out["components"][1]["class"] == "ExternalShear"
+    theta_e = sie["parameters"]["theta_E"]["value"]
+    # Bolton et al. (2008): 1.38" for the inner ring; a smooth SIE + shear with a Sersic
+    # lens light and source lands within a few percent (the demo gets ~1.41")
+    assert abs(theta_e - 1.38) / 1.38 < 0.04, theta_e
+    assert 0 < sie["parameters"]["theta_E"]["error"] < 0.01
+    assert out["components"][3]["parameters"]["amp"]["error"] == "linear"
+    assert out["reduced_chi2"] < 3.0 and out["status"] == "successful"
+    png = (tmp_path / "demo.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    printed = capsys.readouterr().out
+    assert "mass.components[0].theta_E" in printed
+
+
+@pytest.fixture(scope="module")
+def fits_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    truth = el.LensSystem(
+        mass=mass.SIE(theta_E=1.0, e1=0.08, e2=-0.04) + mass.ExternalShear(0.03, -0.01),
+        lens_light=light.Sersic(amp=3.0, R_sersic=0.5, n_sersic=3.0, e1=0.05),
+        source=light.Sersic(amp=15.0, R_sersic=0.12, n_sersic=1.2, center_x=0.05, e2=0.1),
+    )
+    grid = el.Grid((50, 50), 0.06)
+    psf = el.GaussianPSF(0.12, 0.06)
+    data = el.simulate(jax.random.key(0), truth, grid, psf, exposure_time=1500.0, sky_level=0.5)
+    paths = {}
+    for name, arr in [
+        ("image", data.data),
+        ("noise", data.noise_map),
+        ("psf", psf.kernel()),
+        ("mask", np.zeros(grid.shape, dtype=np.int16)),
+        ("small", np.zeros((10, 10))),
+    ]:
+        paths[name] = str(folder / f"{name}.fits")
+        fits.PrimaryHDU(np.asarray(arr)).writeto(paths[name])
+    nan_image = np.asarray(data.data).copy()
+    nan_image[25, 25] = np.nan
+    paths["nan"] = str(folder / "nan.fits")
+    fits.PrimaryHDU(nan_image).writeto(paths["nan"])
+    return paths
+
+
+def _args(paths, **override):
+    base = {
+        "image": paths["image"],
+        "--noise-map": paths["noise"],
+        "--psf": paths["psf"],
+        "--pixel-scale": "0.06",
+        "--mask": paths["mask"],
+        "--mask-radius": "1.4",
+        "--mass": "sie+shear",
+        "--lens-light": "sersic",
+        "--source": "sersic",
+    }
+    base.update(override)
+    out = ["fit", base.pop("image")]
+    for k, v in base.items():
+        if v is not None:
+            out += [k, v]
+    return out
+
+
+def test_fit_command_writes_json_and_png(fits_files, tmp_path):
+    out = tmp_path / "fit.json"
+    assert main([*_args(fits_files), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    sie = result["components"][0]["parameters"]
+    assert abs(sie["theta_E"]["value"] - 1.0) < 5 * sie["theta_E"]["error"] + 2e-3
+    assert set(sie) == {"theta_E", "e1", "e2", "center_x", "center_y"}
+    assert [c["class"] for c in result["components"]] == [
+        "SIE",
+        "ExternalShear",
+        "Sersic",
+        "Sersic",
+    ]
+    for key in ("chi2", "reduced_chi2", "wall_time_s"):
+        assert key in result
+    assert 0.8 < result["reduced_chi2"] < 1.3
+    assert (tmp_path / "fit.png").exists()
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"image": "/nonexistent/image.fits"}, "image file not found"),
+        ({"--noise-map": "SMALL"}, "does not match"),
+        ({"image": "NAN"}, "NaN"),
+        ({"--mass": "sie+banana"}, "unknown mass profile 'banana'"),
+        ({"--source": "blob"}, "unknown source profile 'blob'"),
+        ({"--pixel-scale": "-1"}, "--pixel-scale must be > 0"),
+        ({"--mask-radius": "0"}, "--mask-radius must be > 0"),
+    ],
+)
+def test_bad_input_is_one_line_and_nonzero(fits_files, tmp_path, capsys, override, message):
+    swap = {"SMALL": fits_files["small"], "NAN": fits_files["nan"]}
+    override = {k: swap.get(v, v) for k, v in override.items()}
+    code = main([*_args(fits_files, **override), "--json", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert err.startswith("equilens: error:") and "\n" not in err, err
+    assert message in err, err
 
 
 def test_unknown_command_exits_nonzero():

@@ -19,7 +19,7 @@ from ._result import FitResult
 from ._start import light_moments, start_model
 
 #: Einstein-radius starts of `fit_lens`, as fractions of the mask radius.
-THETA_E_FRACTIONS = (0.2, 0.3, 0.4, 0.5, 0.6)
+THETA_E_FRACTIONS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 
 
 def fit_lens(

@@ -60,28 +60,30 @@ class LightMoments:
     mask_radius: float
 
 
-def light_moments(imaging: Imaging, radius: float = 1.0) -> LightMoments:
-    """Moments of the light in `imaging` around its brightest region (inside the mask).
+def light_moments(imaging: Imaging, radius: float | None = None) -> LightMoments:
+    """Moments of the light in `imaging` (inside the mask).
 
-    The centre starts at the brightest 3x3-averaged pixel and is refined by flux-weighted
-    first moments within `radius` arcsec (positive flux only); the ellipticity comes from
-    the second moments there; `r_half` is the radius enclosing half of the positive flux in
-    the mask; `mask_radius` is the largest distance of a used pixel from the centre.
+    The centre is the flux-weighted centroid of the positive flux in the mask (a lensed
+    ring or arcs are roughly centred on the lens, so they do not pull it away), refined by
+    first moments within `radius` arcsec (default 0.3 of the mask's radius about the
+    centroid: small enough for the lens galaxy to outshine the arcs); the ellipticity
+    comes from the second moments there; `r_half` is the radius enclosing half of the positive flux in the mask;
+    `mask_radius` is the largest distance of a used pixel from the centre.
     """
-    d = np.where(np.asarray(imaging.mask), np.asarray(imaging.data), 0.0)
+    used = np.asarray(imaging.mask)
+    d = np.where(used, np.asarray(imaging.data), 0.0)
     x, y = np.asarray(imaging.grid.x), np.asarray(imaging.grid.y)
-    pad = np.pad(d, 1)
-    smooth = sum(
-        pad[1 + di : 1 + di + d.shape[0], 1 + dj : 1 + dj + d.shape[1]]
-        for di in (-1, 0, 1)
-        for dj in (-1, 0, 1)
-    )
-    i, j = np.unravel_index(np.argmax(smooth), d.shape)
-    cx, cy = float(x[i, j]), float(y[i, j])
     w = np.maximum(d, 0.0)
+    if not w.sum() > 0:
+        raise ValueError("the image has no positive flux inside the mask")
+    cx, cy = float((w * x).sum() / w.sum()), float((w * y).sum() / w.sum())
+    if radius is None:
+        radius = 0.3 * float(np.sqrt(((x - cx) ** 2 + (y - cy) ** 2)[used].max()))
     for _ in range(5):
         near = (x - cx) ** 2 + (y - cy) ** 2 < radius**2
         ww = w * near
+        if not ww.sum() > 0:
+            break
         cx, cy = float((ww * x).sum() / ww.sum()), float((ww * y).sum() / ww.sum())
     near = (x - cx) ** 2 + (y - cy) ** 2 < radius**2
     ww = w * near
@@ -91,8 +93,8 @@ def light_moments(imaging: Imaging, radius: float = 1.0) -> LightMoments:
     det = max(qxx * qyy - qxy * qxy, 0.0)
     denom = qxx + qyy + 2 * math.sqrt(det)
     e1, e2 = (qxx - qyy) / denom, 2 * qxy / denom
-    r = np.hypot(dx, dy)[np.asarray(imaging.mask)]
-    flux = w[np.asarray(imaging.mask)]
+    r = np.hypot(dx, dy)[used]
+    flux = w[used]
     order = np.argsort(r)
     cum = np.cumsum(flux[order])
     r_half = float(r[order][np.searchsorted(cum, 0.5 * cum[-1])])
