@@ -7,9 +7,9 @@ import equinox as eqx
 import pytest
 
 import equilens as el
-from equilens import light, mass, psf
+from equilens import light, mass, psf, terms
 
-ROOTS = [mass.AbstractMassProfile, light.AbstractLightProfile, psf.AbstractPSF]
+ROOTS = [mass.AbstractMassProfile, light.AbstractLightProfile, psf.AbstractPSF, terms.AbstractTerm]
 
 # Concrete methods of abstract classes that a final class may replace by an analytic form.
 OVERRIDE_ALLOWLIST = {"hessian", "convergence"}

@@ -55,8 +55,9 @@ def _owner_and_name(model: PyTree[Any], path: tuple[Any, ...]) -> tuple[Any, str
             node = node[key.key]
         else:
             return None, None
-    last = path[-1] if path else None
-    return node, (last.name if isinstance(last, jtu.GetAttrKey) else None)
+    if path and isinstance(path[-1], jtu.GetAttrKey):
+        return node, path[-1].name
+    return node, None
 
 
 def _forward(raw: Array, bounds: Bounds | None) -> Array:

@@ -100,6 +100,11 @@ def _report(progress_every: int, bar_id: int, step) -> None:
         )
 
 
+def _where(pred, a, b) -> RESULTS:
+    """`RESULTS.where`, typed for pyright (it types the enumeration's members as literals)."""
+    return RESULTS.where(pred, a, b)  # pyright: ignore[reportArgumentType]
+
+
 def _all_finite(tree) -> Array:
     leaves = jtu.tree_leaves(tree)
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
@@ -124,7 +129,7 @@ def _optimistix_loop(kind, solver, fn, raw0, args, max_steps, progress_every, ba
         st = eqx.combine(dyn, static)
         new_y, st, _ = solver.step(fn, y, args, {}, st, tags)
         done, res = solver.terminate(fn, new_y, args, {}, st, tags)
-        res = RESULTS.where(_all_finite(new_y), RESULTS.promote(res), RESULTS.nonfinite)
+        res = _where(_all_finite(new_y), RESULTS.promote(res), RESULTS.nonfinite)
         # A step the solver rejects leaves y unchanged. _STALL rejections in a row mean no
         # decrease can be found at this floating-point precision (in float32 the
         # trust region can shrink forever): that is a converged fit.
@@ -143,7 +148,7 @@ def _optimistix_loop(kind, solver, fn, raw0, args, max_steps, progress_every, ba
 
     carry = (raw0, jnp.array(0), dyn0, jnp.array(False), res0, jnp.array(0))
     y, k, _, done, res, _ = jax.lax.while_loop(cond, body, carry)
-    res = RESULTS.where(
+    res = _where(
         (res == RESULTS.successful) & jnp.invert(done), RESULTS.nonlinear_max_steps_reached, res
     )
     return y, k, res
@@ -170,7 +175,7 @@ def _optax_loop(opt, f, raw0, max_steps, rtol, atol, progress_every, bar_id):
         small = jnp.abs(v - f_prev) <= atol + rtol * jnp.abs(v)
         calm = jnp.where(small, calm + 1, 0)
         ok = _all_finite(y) & jnp.isfinite(v)
-        res = RESULTS.where(ok, RESULTS.successful, RESULTS.nonfinite)
+        res = _where(ok, RESULTS.successful, RESULTS.nonfinite)
         _report(progress_every, bar_id, k + 1)
         return y, k + 1, st, v, calm, res
 
@@ -179,7 +184,7 @@ def _optax_loop(opt, f, raw0, max_steps, rtol, atol, progress_every, bar_id):
         state0 = opt.init(raw0)
     carry = (raw0, jnp.array(0), state0, inf, jnp.array(0), RESULTS.successful)
     y, k, _, _, calm, res = jax.lax.while_loop(cond, body, carry)
-    res = RESULTS.where(
+    res = _where(
         (res == RESULTS.successful) & (calm < _PATIENCE), RESULTS.nonlinear_max_steps_reached, res
     )
     return y, k, res
@@ -257,9 +262,7 @@ def _fit_core(kind, solver, objective, param, template, raw0, max_steps, rtol, a
     values = objective.values(best)
     value = jnp.sum(objective.weights * values)
     cov, ok = _covariance(objective, param, best, objective.least_squares)
-    res = RESULTS.where(
-        (res == RESULTS.successful) & jnp.invert(ok), RESULTS.covariance_failed, res
-    )
+    res = _where((res == RESULTS.successful) & jnp.invert(ok), RESULTS.covariance_failed, res)
     return best, value, values, objective.chi2(best), steps, res, cov
 
 

@@ -18,7 +18,7 @@ from ._result import FitResult
 def save(path: str | os.PathLike, tree: PyTree[Any]) -> None:
     """Writes the array leaves of `tree` (a model or a `FitResult`) to `path` with
     `equinox.tree_serialise_leaves`; read them back with `load(path, like)`."""
-    eqx.tree_serialise_leaves(path, tree)
+    eqx.tree_serialise_leaves(str(path), tree)
 
 
 def load(path: str | os.PathLike, like: PyTree[Any]) -> PyTree[Any]:
@@ -27,7 +27,7 @@ def load(path: str | os.PathLike, like: PyTree[Any]) -> PyTree[Any]:
     the file does not exist."""
     if not os.path.isfile(path):
         raise ValueError(f"no saved model at {path}")
-    return eqx.tree_deserialise_leaves(path, like)
+    return eqx.tree_deserialise_leaves(str(path), like)
 
 
 def _components(system: LensSystem) -> list[tuple[str, int, Any]]:

@@ -49,9 +49,16 @@ def fit_lens(
     say = log or (lambda _: None)
     objective = Objective(GaussianLikelihood(imaging))
     model = start_model(imaging, mass, lens_light, source)
-    opts = dict(max_steps=max_steps, throw=False, progress=progress)
     if lens_light is not None:
-        r = fit(objective, model, solver, free=select(model, lambda s: s.lens_light), **opts)
+        r = fit(
+            objective,
+            model,
+            solver,
+            free=select(model, lambda s: s.lens_light),
+            max_steps=max_steps,
+            throw=False,
+            progress=progress,
+        )
         say(f"  stage 1 (lens light): reduced chi2 {float(r.reduced_chi2):.3f}")
         model = r.model
     radius = light_moments(imaging).mask_radius
@@ -62,14 +69,16 @@ def fit_lens(
         start = eqx.tree_at(
             _einstein_radius_where(model), model, jnp.asarray(te, imaging.data.dtype)
         )
-        r = fit(objective, start, solver, free=free, **opts)
+        r = fit(
+            objective, start, solver, free=free, max_steps=max_steps, throw=False, progress=progress
+        )
         value = float(r.value)
         say(f'  stage 2 from theta_E = {te:.2f}": reduced chi2 {float(r.reduced_chi2):.3f}')
         if np.isfinite(value) and value < best_value:
             best, best_value = r, value
     if best is None:
         raise RuntimeError("every stage-2 start failed")
-    r = fit(objective, best.model, solver, **opts)
+    r = fit(objective, best.model, solver, max_steps=max_steps, throw=False, progress=progress)
     say(f"  stage 3 (all free): reduced chi2 {float(r.reduced_chi2):.3f}, {r.message()}")
     return dataclasses.replace(r, wall_time=time.perf_counter() - t0)
 
@@ -79,7 +88,7 @@ def _einstein_radius_where(model: LensSystem) -> Callable[[LensSystem], Any]:
     if isinstance(model.mass, MassSum):
         first = model.mass.components[0]
         if "theta_E" in {f.name for f in dataclasses.fields(first)}:
-            return lambda s: s.mass.components[0].theta_E
+            return lambda s: s.mass.components[0].theta_E  # pyright: ignore
     elif "theta_E" in {f.name for f in dataclasses.fields(model.mass)}:
-        return lambda s: s.mass.theta_E
+        return lambda s: s.mass.theta_E  # pyright: ignore
     raise ValueError("fit_lens needs a first mass component with an Einstein radius theta_E")

@@ -2,6 +2,8 @@
 
 import dataclasses
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -67,8 +69,9 @@ def light_moments(imaging: Imaging, radius: float | None = None) -> LightMoments
     ring or arcs are roughly centred on the lens, so they do not pull it away), refined by
     first moments within `radius` arcsec (default 0.3 of the mask's radius about the
     centroid: small enough for the lens galaxy to outshine the arcs); the ellipticity
-    comes from the second moments there; `r_half` is the radius enclosing half of the positive flux in the mask;
-    `mask_radius` is the largest distance of a used pixel from the centre.
+    comes from the second moments there; `r_half` is the radius enclosing half of the
+    positive flux in the mask; `mask_radius` is the largest distance of a used pixel from
+    the centre.
     """
     used = np.asarray(imaging.mask)
     d = np.where(used, np.asarray(imaging.data), 0.0)
@@ -115,7 +118,7 @@ def _parse(names: str, table: dict, what: str) -> list[type]:
     return out
 
 
-def _build(cls: type, starts: dict[str, object]):
+def _build(cls: type, starts: Mapping[str, Any]) -> Any:
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name in starts:
