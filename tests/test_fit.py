@@ -180,3 +180,26 @@ def test_poisson_fit_with_bfgs():
     assert r.success, r.message()
     assert abs(float(r.model.mass.components[0].theta_E) - 1.0) < 5 * float(r.errors[0]) + 1e-3
     assert "source.amp" in r.names  # fitted, not solved, under a Poisson likelihood
+
+
+def test_objective_functions_drive_optimistix_directly():
+    data = _data(0)
+    obj = el.Objective(el.GaussianLikelihood(data))
+    f = el.objective.functions(obj, _truth())
+    sol = optx.least_squares(
+        f.residuals, optx.LevenbergMarquardt(rtol=1e-6, atol=1e-6), f.y0, f.args
+    )
+    direct = obj.complete(f.model(sol.value))
+    r = el.fit(obj, _truth(), "lm")
+    te, te_fit = (float(m.mass.components[0].theta_E) for m in (direct, r.model))
+    assert abs(te - te_fit) < 0.05 * float(r.errors[0])
+    assert float(f.value(sol.value, f.args)) == pytest.approx(float(r.value), rel=1e-6)
+
+
+def test_progress_bar_reports_from_the_device_loop(capsys):
+    data = _data(1)
+    obj = el.Objective(el.GaussianLikelihood(data))
+    r = el.fit(obj, _truth(), "bfgs", progress=True)
+    err = capsys.readouterr().err
+    assert "fit (BFGS" in err or "fit (bfgs)" in err, err
+    assert r.success

@@ -2,4 +2,9 @@
 and their bounds (a reparametrisation resolved at the top of the objective)."""
 
 from ._objective import Objective as Objective
-from ._params import Parametrisation as Parametrisation, select as select
+from ._params import (
+    ObjectiveFunctions as ObjectiveFunctions,
+    Parametrisation as Parametrisation,
+    functions as functions,
+    select as select,
+)

@@ -247,3 +247,42 @@ def linear_leaves(model: PyTree[Any], objective: Any) -> PyTree[bool] | None:
     if not comps:
         return None
     return select(model, lambda s: [c.amp for c in s.linear_profiles()])
+
+
+class ObjectiveFunctions(eqx.Module):
+    """An objective as plain functions of unconstrained values, for calling optimistix or
+    optax yourself: `value(y, args)` (scalar) and `residuals(y, args)` (whitened residuals,
+    least-squares objectives only), with `y0` the start and `args = (objective, model)`.
+    `model(y)` maps values back to the model (linear amplitudes not yet solved; use
+    `objective.complete`). E.g. `optx.minimise(f.value, optx.BFGS(1e-6, 1e-6), f.y0, f.args)`.
+    """
+
+    parametrisation: Parametrisation
+    y0: tuple[Float[Array, "..."], ...]
+    args: tuple[Any, PyTree[Any]]
+
+    def value(self, y: tuple[Float[Array, "..."], ...], args: tuple[Any, PyTree[Any]]) -> Any:
+        objective, template = args
+        return objective(self.parametrisation.to_model(y, template))
+
+    def residuals(
+        self, y: tuple[Float[Array, "..."], ...], args: tuple[Any, PyTree[Any]]
+    ) -> Float[Array, " n"]:
+        objective, template = args
+        return objective.residuals(self.parametrisation.to_model(y, template))
+
+    def model(self, y: tuple[Float[Array, "..."], ...]) -> PyTree[Any]:
+        return self.parametrisation.to_model(y, self.args[1])
+
+
+def functions(
+    objective: Any,
+    model: PyTree[Any],
+    *,
+    free: PyTree[bool] | Callable[[Any], bool] | None = None,
+    bounds: Mapping[Where, Bounds] | None = None,
+) -> ObjectiveFunctions:
+    """`objective` over the free parameters of `model` (chosen and bounded as in
+    `equilens.fit`) as `fn(y, args)` functions for optimistix and optax."""
+    param = Parametrisation.build(model, linear_leaves(model, objective), free=free, bounds=bounds)
+    return ObjectiveFunctions(param, param.to_raw(model), (objective, model))
