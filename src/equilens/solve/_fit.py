@@ -113,7 +113,7 @@ def _all_finite(tree) -> Array:
 # -- the on-device loops --------------------------------------------------------------------
 
 
-def _optimistix_loop(kind, solver, fn, raw0, args, max_steps, progress_every, bar_id):
+def _optimistix_loop(solver, fn, raw0, args, max_steps, progress_every, bar_id):
     f_struct, aux_struct = jax.eval_shape(fn, raw0, args)
     tags = frozenset()
     state = solver.init(fn, raw0, args, {}, f_struct, aux_struct, tags)
@@ -234,30 +234,23 @@ def _fit_core(kind, solver, objective, param, template, raw0, max_steps, rtol, a
         ref = objective.constant()
     else:
         ref = jax.lax.stop_gradient(objective(model_at(z0)))
-    if kind == "least_squares":
-
-        def fn(z, args):
-            obj, tmpl = args
-            return obj.residuals(model_at(z, tmpl)), None
-
-        z, steps, res = _optimistix_loop(
-            kind, solver, fn, z0, (objective, template), max_steps, progress_every, bar_id
-        )
-    elif kind == "minimise":
-
-        def fn(z, args):
-            obj, tmpl = args
-            return (obj(model_at(z, tmpl)) - ref) / n_scale, None
-
-        z, steps, res = _optimistix_loop(
-            kind, solver, fn, z0, (objective, template), max_steps, progress_every, bar_id
-        )
-    else:
+    if kind == "optax":
 
         def f(z):
             return (objective(model_at(z)) - ref) / n_scale
 
         z, steps, res = _optax_loop(solver, f, z0, max_steps, rtol, atol, progress_every, bar_id)
+    else:
+
+        def fn(z, args):
+            obj, tmpl = args
+            if kind == "least_squares":
+                return obj.residuals(model_at(z, tmpl)), None
+            return (obj(model_at(z, tmpl)) - ref) / n_scale, None
+
+        z, steps, res = _optimistix_loop(
+            solver, fn, z0, (objective, template), max_steps, progress_every, bar_id
+        )
     best = objective.complete(model_at(z))
     values = objective.values(best)
     value = jnp.sum(objective.weights * values)
