@@ -71,7 +71,10 @@ def run_fit(
         f"equilens: fitting {mass} mass, {lens_light or 'no'} lens light, {source} source to "
         f"{imaging.shape[0]}x{imaging.shape[1]} pixels ({int(imaging.mask.sum())} in the mask)"
     )
-    result = fit_lens(imaging, mass, lens_light, source, solver=solver)
+    # a progress bar per fit when a person is watching (stderr is a terminal)
+    result = fit_lens(
+        imaging, mass, lens_light, source, solver=solver, progress=sys.stderr.isatty()
+    )
     print(result.table())
     folder = os.path.dirname(os.path.abspath(json_path))
     os.makedirs(folder, exist_ok=True)
