@@ -1,5 +1,6 @@
 """A lens system: a mass model, optional lens-galaxy light, and a source."""
 
+import functools
 from collections.abc import Callable
 
 import equinox as eqx
@@ -116,11 +117,23 @@ class LensSystem(eqx.Module):
             return jnp.concatenate(out, axis=0) * g.pixel_area
 
         images = _render(grid, psf, flux)
-        n_light = len(_light_components(self.lens_light)) + len(_light_components(self.source))
-        fixed = None
-        if n_light > len(parts):
-            fixed = self.with_amplitudes(jnp.zeros_like(self.amplitudes())).image(grid, psf)
-        return images, fixed
+        # the non-linear light alone: the linear components are not evaluated again
+        others = [
+            (name, comp)
+            for name in ("lens_light", "source")
+            for comp in _light_components(getattr(self, name))
+            if not isinstance(comp, AbstractLinearLightProfile)
+        ]
+        if not others:
+            return images, None
+
+        def other_flux(g: Grid) -> Float[Array, "rows cols"]:
+            x, y = g.coordinates(supersampled=True)
+            bx, by = self.mass.ray_shoot(x, y)
+            total = [c.intensity(bx, by) if n == "source" else c.intensity(x, y) for n, c in others]
+            return functools.reduce(jnp.add, total) * g.pixel_area
+
+        return images, _render(grid, psf, other_flux)
 
     def linear_profiles(self) -> list[AbstractLinearLightProfile]:
         """The linear light components, in `linear_components` order."""

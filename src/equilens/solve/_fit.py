@@ -353,8 +353,16 @@ def fit(
         jax.block_until_ready(out)
     finally:
         _close_bar(bar_id)
+    result = _result(out, objective, param, model, name, t0)
+    if throw:
+        _raise_if_failed(result)
+    return result
+
+
+def _result(out, objective: Objective, param: Parametrisation, model, name: str, t0: float):
+    """A `FitResult` from `_fit_core`'s outputs (batched or not)."""
     best, value, values, chi2, steps, res, cov = out
-    result = FitResult(
+    return FitResult(
         model=best,
         value=value,
         term_values=values,
@@ -368,9 +376,6 @@ def fit(
         solver=name,
         wall_time=time.perf_counter() - t0,
     )
-    if throw:
-        _raise_if_failed(result)
-    return result
 
 
 def _raise_if_failed(result: FitResult) -> None:
@@ -440,21 +445,7 @@ def fit_batch(
     def run(obj, tmpl, r0):
         return _fit_core(kind, solver_obj, obj, param, tmpl, r0, max_steps, rtol, atol, (0, -1))
 
-    best, value, values, chi2, steps, res, cov = run(objective, models, raw0)
-    return FitResult(
-        model=best,
-        value=value,
-        term_values=values,
-        chi2=chi2,
-        num_steps=steps,
-        result=res,
-        covariance=cov,
-        names=param.paths(first),
-        n_data=obj0.n_data,
-        n_linear=_n_linear(obj0, first),
-        solver=name,
-        wall_time=time.perf_counter() - t0,
-    )
+    return _result(run(objective, models, raw0), obj0, param, first, name, t0)
 
 
 def _index(tree: PyTree[Any], i: int) -> PyTree[Any]:

@@ -56,14 +56,7 @@ def result_to_dict(result: FitResult) -> dict[str, Any]:
     if not isinstance(system, LensSystem):
         raise TypeError("result_to_dict needs the result of fitting a LensSystem")
     errors = dict(zip(result.names, np.asarray(result.errors).tolist(), strict=True))
-    linear = (
-        {
-            f"{f}{'' if not isinstance(getattr(system, f), LightSum) else f'.components[{i}]'}.amp"
-            for f, i in system.linear_components()
-        }
-        if result.n_linear
-        else set()
-    )
+    solved = set(system.linear_components()) if result.n_linear else set()
     comps = []
     for field, i, comp in _components(system):
         prefix = field
@@ -81,7 +74,7 @@ def result_to_dict(result: FitResult) -> dict[str, Any]:
                 err = None if all(e is None for e in err) else err
             params[name] = {
                 "value": _plain(leaf),
-                "error": "linear" if full in linear else err,
+                "error": "linear" if name == "amp" and (field, i) in solved else err,
             }
         comps.append(
             {"field": field, "index": i, "class": type(comp).__name__, "parameters": params}
