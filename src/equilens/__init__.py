@@ -13,7 +13,9 @@ from . import (
     mass as mass,
     objective as objective,
     psf as psf,
+    regularization as regularization,
     solve as solve,
+    source as source,
     terms as terms,
 )
 from ._grid import Grid as Grid, MaskedGrid as MaskedGrid
@@ -25,15 +27,29 @@ from ._math import (
 from .data import Imaging as Imaging, simulate as simulate
 from .objective import Objective as Objective, select as select
 from .psf import GaussianPSF as GaussianPSF, PixelPSF as PixelPSF
+from .regularization import (
+    AdaptiveBrightness as AdaptiveBrightness,
+    ConstantRegularization as ConstantRegularization,
+    CurvatureRegularization as CurvatureRegularization,
+    ExponentialKernel as ExponentialKernel,
+    MaternKernel as MaternKernel,
+)
 from .solve import (
     RESULTS as RESULTS,
     FitResult as FitResult,
     fit as fit,
     fit_batch as fit_batch,
 )
+from .source import (
+    AdaptiveRectangularMesh as AdaptiveRectangularMesh,
+    DelaunayMesh as DelaunayMesh,
+    PixelizedSource as PixelizedSource,
+    RectangularMesh as RectangularMesh,
+)
 from .terms import (
     GaussianLikelihood as GaussianLikelihood,
     GaussianPrior as GaussianPrior,
+    LogEvidence as LogEvidence,
     PoissonLikelihood as PoissonLikelihood,
     PositionsTerm as PositionsTerm,
     UniformPrior as UniformPrior,

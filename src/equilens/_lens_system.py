@@ -95,20 +95,27 @@ class LensSystem(eqx.Module):
         return eqx.tree_at(lambda s: [c.amp for c in s.linear_profiles()], self, new)
 
     def linear_images(
-        self, grid: Grid, psf: AbstractPSF | FFTConvolution | None = None
+        self,
+        grid: Grid,
+        psf: AbstractPSF | FFTConvolution | None = None,
+        fields: tuple[str, ...] = ("lens_light", "source"),
     ) -> tuple[Float[Array, "n_linear ny nx"], Float[Array, "ny nx"] | None]:
         """The model image of each linear basis function at unit amplitude (convolved and
         binned as `image`), and the image of the non-linear light (None when every light
         component is linear), so that `image = sum_k amp_k images[k] + fixed`.
 
-        Raises `ValueError` when the system has no linear light component."""
-        parts = self.linear_components()
-        if not parts:
+        `fields` restricts both to the light of "lens_light" and/or "source" (a pixelized
+        source is solved separately, by `equilens.LogEvidence`). Raises `ValueError` when
+        the default `fields` hold no linear light component; with `fields` given, `images`
+        may have no rows."""
+        parts = [p for p in self.linear_components() if p[0] in fields]
+        if not parts and fields == ("lens_light", "source"):
             raise ValueError("the lens system has no linear light component")
+        dtype = jnp.result_type(float)
 
         def flux(g: Grid) -> Float[Array, "n_linear rows cols"]:
             x, y = g.coordinates(supersampled=True)
-            bx, by = self.mass.ray_shoot(x, y)
+            bx, by = self.mass.ray_shoot(x, y) if any(n == "source" for n, _ in parts) else (x, y)
             out = []
             for name, i in parts:
                 comp = _light_components(getattr(self, name))[i]
@@ -116,11 +123,14 @@ class LensSystem(eqx.Module):
                 out.append(comp.basis(bx, by) if name == "source" else comp.basis(x, y))
             return jnp.concatenate(out, axis=0) * g.pixel_area
 
-        images = _render(grid, psf, flux)
+        if parts:
+            images = _render(grid, psf, flux)
+        else:
+            images = jnp.zeros((0, *grid.shape), dtype)
         # the non-linear light alone: the linear components are not evaluated again
         others = [
             (name, comp)
-            for name in ("lens_light", "source")
+            for name in fields
             for comp in _light_components(getattr(self, name))
             if not isinstance(comp, AbstractLinearLightProfile)
         ]

@@ -9,6 +9,7 @@ from ._base import (
     AbstractLeastSquaresTerm as AbstractLeastSquaresTerm,
     AbstractTerm as AbstractTerm,
 )
+from ._evidence import LogEvidence as LogEvidence, with_inversion as with_inversion
 from ._imaging import (
     AbstractImagingTerm as AbstractImagingTerm,
     GaussianLikelihood as GaussianLikelihood,

@@ -1,0 +1,244 @@
+"""Gradient, curvature, adaptive-brightness and Gaussian-process regularizations."""
+
+import functools
+import math
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Scalar
+
+from .._custom_types import FloatScalar, ScalarLike, as_float
+from ..source._geometry import (
+    AbstractGeometry,
+    RectilinearGeometry,
+    rect_operator_matrix,
+    sparse_gram,
+)
+from ..source._pixelized import AbstractRegularization
+
+#: Ridge added to the (singular) difference operators: `H = lambda (G^T G + RIDGE I)`, so
+#: that `H` is positive definite and `log det H` finite (the mean level of the source is
+#: otherwise unconstrained by a gradient or curvature prior). As PyAutoLens (1e-8).
+RIDGE = 1e-8
+
+_POSITIVE = (0.0, math.inf)
+
+
+def logdet_psd(matrix: Float[Array, "n n"]) -> Scalar:
+    """`log det` of a symmetric positive-definite matrix by Cholesky (NaN if it is not)."""
+    chol = jnp.linalg.cholesky(matrix)
+    return 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol)))
+
+
+@functools.cache
+def _rect_logdet(ny: int, nx: int, order: int) -> float:
+    h0 = rect_operator_matrix(ny, nx, order) + RIDGE * np.eye(ny * nx)
+    sign, value = np.linalg.slogdet(h0)
+    assert sign > 0
+    return float(value)
+
+
+def _scaled(
+    coefficient: FloatScalar, geometry: AbstractGeometry, order: int
+) -> tuple[Float[Array, "n n"], Scalar]:
+    """`lambda (G^T G + RIDGE I)` and its log det; for a rectilinear mesh the operator
+    depends only on the shape, so `log det = n log lambda + log det H0` with `H0`'s log det
+    computed once (NumPy)."""
+    n = geometry.n_pixels
+    dtype = coefficient.dtype
+    if isinstance(geometry, RectilinearGeometry):
+        h0 = jnp.asarray(rect_operator_matrix(*geometry.shape, order) + RIDGE * np.eye(n), dtype)
+        return coefficient * h0, n * jnp.log(coefficient) + _rect_logdet(*geometry.shape, order)
+    if order == 1:
+        op = sparse_gram(geometry.gradient_rows(), n)
+    else:
+        op = geometry.curvature_matrix()
+    h0 = op + RIDGE * jnp.eye(n, dtype=dtype)
+    return coefficient * h0, n * jnp.log(coefficient) + logdet_psd(h0)
+
+
+def _check_positive(name: str, value: ScalarLike) -> FloatScalar:
+    v = as_float(value)
+    if isinstance(v, jax.core.Tracer):  # built under a transformation: bounds hold it
+        return v
+    if not float(v) > 0:
+        raise ValueError(f"{name} must be > 0, got {float(v)}")
+    return v
+
+
+class ConstantRegularization(AbstractRegularization):
+    """Constant gradient regularization: `s^T H s = lambda sum_(i,j) (s_i - s_j)^2` over
+    every pair of neighbouring pixels (mesh rows and columns; Delaunay edges), plus a ridge
+    `lambda * 1e-8 sum s_i^2` that makes `H` invertible (Suyu et al. 2006; PyAutoLens's
+    `Constant`). `coefficient` is `lambda` (> 0, dimensionless per (flux/arcsec^2)^-2)."""
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {"coefficient": _POSITIVE}
+    coefficient: FloatScalar
+
+    def __init__(self, coefficient: ScalarLike = 1.0):
+        self.coefficient = _check_positive("ConstantRegularization.coefficient", coefficient)
+
+    def matrix(
+        self, geometry: AbstractGeometry, signal: Float[Array, " n"]
+    ) -> tuple[Float[Array, "n n"], Scalar]:
+        del signal
+        return _scaled(self.coefficient, geometry, 1)
+
+
+class CurvatureRegularization(AbstractRegularization):
+    """Constant curvature regularization: `s^T H s = lambda |L s|^2` with `L` the second
+    differences along the mesh rows and columns (rectangular meshes, Suyu et al. 2006) or
+    the graph Laplacian of the triangulation (Delaunay), plus the ridge of
+    `ConstantRegularization`. `coefficient` is `lambda` (> 0)."""
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {"coefficient": _POSITIVE}
+    coefficient: FloatScalar
+
+    def __init__(self, coefficient: ScalarLike = 1.0):
+        self.coefficient = _check_positive("CurvatureRegularization.coefficient", coefficient)
+
+    def matrix(
+        self, geometry: AbstractGeometry, signal: Float[Array, " n"]
+    ) -> tuple[Float[Array, "n n"], Scalar]:
+        del signal
+        return _scaled(self.coefficient, geometry, 2)
+
+
+class AdaptiveBrightness(AbstractRegularization):
+    """Brightness-adaptive gradient regularization (Nightingale, Dye & Massey 2018): pixel
+    weights `w_i = (inner * S_i + outer * (1 - S_i))^2` from a source-brightness estimate
+    `S_i` in `[0, 1]` (raised to `signal_scale`), so bright regions are regularized with
+    `inner` and faint ones with `outer`; `s^T H s = sum_(i,j) (w_i + w_j)/2 (s_i - s_j)^2 +
+    1e-8 sum w_i s_i^2` over neighbouring pixels. The brightness estimate comes from the
+    inversion's adapt image (`LogEvidence(adapt_image=...)`, by default the data) mapped to
+    the source pixels."""
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "inner_coefficient": _POSITIVE,
+        "outer_coefficient": _POSITIVE,
+        "signal_scale": (0.0, 10.0),
+    }
+    uses_signal: ClassVar[bool] = True
+    inner_coefficient: FloatScalar
+    outer_coefficient: FloatScalar
+    signal_scale: FloatScalar
+
+    def __init__(
+        self,
+        inner_coefficient: ScalarLike = 1.0,
+        outer_coefficient: ScalarLike = 1.0,
+        signal_scale: ScalarLike = 1.0,
+    ):
+        self.inner_coefficient = _check_positive("inner_coefficient", inner_coefficient)
+        self.outer_coefficient = _check_positive("outer_coefficient", outer_coefficient)
+        self.signal_scale = _check_positive("signal_scale", signal_scale)
+
+    def matrix(
+        self, geometry: AbstractGeometry, signal: Float[Array, " n"]
+    ) -> tuple[Float[Array, "n n"], Scalar]:
+        s = jnp.clip(signal, 0.0, 1.0)
+        s = jnp.where(s > 0, s, 1.0) ** self.signal_scale * (s > 0)
+        w = (self.inner_coefficient * s + self.outer_coefficient * (1.0 - s)) ** 2
+        idx, coef = geometry.gradient_rows()
+        edge_w = 0.5 * (w[idx[:, 0]] + w[idx[:, 1]])
+        h = sparse_gram((idx, coef), geometry.n_pixels, edge_w) + RIDGE * jnp.diag(w)
+        return h, logdet_psd(h)
+
+
+def _distances(nodes: Float[Array, "n 2"]) -> Float[Array, "n n"]:
+    d2 = jnp.sum((nodes[:, None, :] - nodes[None, :, :]) ** 2, axis=-1)
+    pos = d2 > 0
+    return jnp.where(pos, jnp.sqrt(jnp.where(pos, d2, 1.0)), 0.0)
+
+
+def _gp_matrix(
+    coefficient: FloatScalar, kernel: Float[Array, "n n"], jitter: float
+) -> tuple[Float[Array, "n n"], Scalar]:
+    n = kernel.shape[0]
+    k = kernel + jitter * jnp.eye(n, dtype=kernel.dtype)
+    chol = jnp.linalg.cholesky(k)
+    eye = jnp.eye(n, dtype=kernel.dtype)
+    inv = jnp.linalg.solve(chol.T, jnp.linalg.solve(chol, eye))
+    inv = 0.5 * (inv + inv.T)
+    logdet_k = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol)))
+    return coefficient * inv, n * jnp.log(coefficient) - logdet_k
+
+
+class MaternKernel(AbstractRegularization):
+    """Gaussian-process prior with a Matern covariance (Vernardos & Koopmans 2022):
+    `Cov(s_i, s_j) = k(d_ij) / coefficient`, with `d_ij` the source-plane distance between
+    nodes (arcsec) and, for `r = d / scale`,
+    `nu = 1/2: exp(-r)`, `3/2: (1 + sqrt3 r) exp(-sqrt3 r)`,
+    `5/2: (1 + sqrt5 r + 5 r^2 / 3) exp(-sqrt5 r)`. So `H = coefficient K^-1` and
+    `log det H = n log coefficient - log det K`. `scale` (arcsec, > 0) and `coefficient`
+    (> 0) can be fitted; `nu` is static; `jitter` (default 1e-6) is added to the diagonal
+    of the unit-variance `K` for numerical stability."""
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "coefficient": _POSITIVE,
+        "scale": _POSITIVE,
+    }
+    coefficient: FloatScalar
+    scale: FloatScalar
+    nu: float = eqx.field(static=True)
+    jitter: float = eqx.field(static=True)
+
+    def __init__(
+        self,
+        coefficient: ScalarLike = 1.0,
+        scale: ScalarLike = 0.1,
+        nu: float = 1.5,
+        jitter: float = 1e-6,
+    ):
+        if float(nu) not in (0.5, 1.5, 2.5):
+            raise ValueError(f"MaternKernel.nu must be 0.5, 1.5 or 2.5, got {nu}")
+        self.coefficient = _check_positive("MaternKernel.coefficient", coefficient)
+        self.scale = _check_positive("MaternKernel.scale", scale)
+        self.nu = float(nu)
+        self.jitter = float(jitter)
+
+    def matrix(
+        self, geometry: AbstractGeometry, signal: Float[Array, " n"]
+    ) -> tuple[Float[Array, "n n"], Scalar]:
+        del signal
+        r = _distances(geometry.nodes()) / self.scale
+        if self.nu == 0.5:
+            k = jnp.exp(-r)
+        elif self.nu == 1.5:
+            a = math.sqrt(3.0) * r
+            k = (1.0 + a) * jnp.exp(-a)
+        else:
+            a = math.sqrt(5.0) * r
+            k = (1.0 + a + a * a / 3.0) * jnp.exp(-a)
+        return _gp_matrix(self.coefficient, k, self.jitter)
+
+
+class ExponentialKernel(AbstractRegularization):
+    """Gaussian-process prior with the exponential covariance `exp(-d / scale) /
+    coefficient` (the Matern kernel with `nu = 1/2`; Vernardos & Koopmans 2022). See
+    `MaternKernel` for the meaning of the fields."""
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "coefficient": _POSITIVE,
+        "scale": _POSITIVE,
+    }
+    coefficient: FloatScalar
+    scale: FloatScalar
+    jitter: float = eqx.field(static=True)
+
+    def __init__(
+        self, coefficient: ScalarLike = 1.0, scale: ScalarLike = 0.1, jitter: float = 1e-6
+    ):
+        self.coefficient = _check_positive("ExponentialKernel.coefficient", coefficient)
+        self.scale = _check_positive("ExponentialKernel.scale", scale)
+        self.jitter = float(jitter)
+
+    def matrix(
+        self, geometry: AbstractGeometry, signal: Float[Array, " n"]
+    ) -> tuple[Float[Array, "n n"], Scalar]:
+        del signal
+        k = jnp.exp(-_distances(geometry.nodes()) / self.scale)
+        return _gp_matrix(self.coefficient, k, self.jitter)

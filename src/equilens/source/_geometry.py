@@ -1,0 +1,260 @@
+"""Source-plane geometries: where the pixels of a source mesh lie for one lens model, how a
+point of the source plane is interpolated from them, and which pixels are neighbours.
+
+A mesh (`equilens.source.RectangularMesh`, ...) is the recipe; its geometry is what the
+recipe gives for the traced image grid of a particular mass model. Source values live on the
+geometry's nodes: `value(x, y) = sum_v w_v(x, y) values[idx_v(x, y)]`.
+"""
+
+import abc
+import functools
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+#: Sparse rows of a linear operator on the source values: `rows @ s = sum_k coef[:, k] *
+#: s[idx[:, k]]`.
+SparseRows = tuple[Int[Array, "r k"], Float[Array, "r k"]]
+
+
+class AbstractGeometry(eqx.Module):
+    """The concrete pixels of a source mesh (arcsec, source plane)."""
+
+    fixed: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    @abc.abstractmethod
+    def n_pixels(self) -> int:
+        """Number of source pixels (nodes)."""
+
+    @abc.abstractmethod
+    def nodes(self) -> Float[Array, "n 2"]:
+        """`(x, y)` of every node, in the order of the source values."""
+
+    @abc.abstractmethod
+    def interpolation(
+        self, x: Float[Array, " m"], y: Float[Array, " m"]
+    ) -> tuple[Int[Array, "m v"], Float[Array, "m v"]]:
+        """Node indices and interpolation weights of points `(x, y)`: a point's value is
+        `sum_v weights[:, v] * values[indices[:, v]]`. Weights are differentiable with respect
+        to the points and the nodes; a point outside the mesh gets zero weights (rectangular
+        meshes) or its nearest node (Delaunay)."""
+
+    @abc.abstractmethod
+    def gradient_rows(self) -> SparseRows:
+        """First differences across every pair of neighbouring nodes (one row per pair,
+        `s_i - s_j`); padding rows have zero coefficients."""
+
+    @abc.abstractmethod
+    def curvature_matrix(self) -> Float[Array, "n n"]:
+        """`L^T L` for the geometry's second-difference operator `L` (unit coefficient)."""
+
+    def values_at(
+        self, values: Float[Array, " n"], x: Float[Array, "*grid"], y: Float[Array, "*grid"]
+    ) -> Float[Array, "*grid"]:
+        """The source interpolated at points `(x, y)` (any shape)."""
+        idx, w = self.interpolation(x.reshape(-1), y.reshape(-1))
+        return jnp.sum(w * values[idx], axis=-1).reshape(x.shape)
+
+
+# -- rectilinear: nodes on the crossings of sorted x and y coordinates ------------------------
+
+
+@functools.cache
+def _rect_rows(ny: int, nx: int, order: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.arange(ny * nx).reshape(ny, nx)
+    if order == 1:
+        pairs = [np.stack([ids[:, :-1].ravel(), ids[:, 1:].ravel()], 1)]
+        pairs.append(np.stack([ids[:-1, :].ravel(), ids[1:, :].ravel()], 1))
+        idx = np.concatenate(pairs)
+        return idx, np.tile([1.0, -1.0], (idx.shape[0], 1))
+    rows = [np.stack([ids[:, :-2].ravel(), ids[:, 1:-1].ravel(), ids[:, 2:].ravel()], 1)]
+    rows.append(np.stack([ids[:-2, :].ravel(), ids[1:-1, :].ravel(), ids[2:, :].ravel()], 1))
+    idx = np.concatenate(rows)
+    return idx, np.tile([1.0, -2.0, 1.0], (idx.shape[0], 1))
+
+
+@functools.cache
+def rect_operator_matrix(ny: int, nx: int, order: int) -> np.ndarray:
+    """`G^T G` (dense NumPy, float64) of the first (`order=1`) or second (`order=2`)
+    differences along the rows and columns of an `ny x nx` rectilinear mesh."""
+    idx, coef = _rect_rows(ny, nx, order)
+    out = np.zeros((ny * nx, ny * nx))
+    for a in range(idx.shape[1]):
+        for b in range(idx.shape[1]):
+            np.add.at(out, (idx[:, a], idx[:, b]), coef[:, a] * coef[:, b])
+    return out
+
+
+class RectilinearGeometry(AbstractGeometry):
+    """Nodes at the crossings of increasing coordinates `xs` (columns) and `ys` (rows);
+    values in row-major order (`values.reshape(ny, nx)` is an image with x along columns).
+    Points are interpolated bilinearly from the four corners of their cell; points outside
+    `[xs[0], xs[-1]] x [ys[0], ys[-1]]` get zero weights."""
+
+    fixed: ClassVar[tuple[str, ...]] = ("xs", "ys")
+    xs: Float[Array, " nx"]
+    ys: Float[Array, " ny"]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.ys.shape[0]), int(self.xs.shape[0]))
+
+    @property
+    def n_pixels(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def nodes(self) -> Float[Array, "n 2"]:
+        y, x = jnp.meshgrid(self.ys, self.xs, indexing="ij")
+        return jnp.stack([x.reshape(-1), y.reshape(-1)], axis=1)
+
+    def interpolation(
+        self, x: Float[Array, " m"], y: Float[Array, " m"]
+    ) -> tuple[Int[Array, "m 4"], Float[Array, "m 4"]]:
+        _ny, nx = self.shape
+        ix, tx = _cell(self.xs, x)
+        iy, ty = _cell(self.ys, y)
+        inside = (x >= self.xs[0]) & (x <= self.xs[-1]) & (y >= self.ys[0]) & (y <= self.ys[-1])
+        base = iy * nx + ix
+        idx = jnp.stack([base, base + 1, base + nx, base + nx + 1], axis=1)
+        w = jnp.stack([(1 - tx) * (1 - ty), tx * (1 - ty), (1 - tx) * ty, tx * ty], axis=1)
+        return idx, jnp.where(inside[:, None], w, 0.0)
+
+    def gradient_rows(self) -> SparseRows:
+        idx, coef = _rect_rows(*self.shape, 1)
+        return jnp.asarray(idx), jnp.asarray(coef, dtype=self.xs.dtype)
+
+    def curvature_matrix(self) -> Float[Array, "n n"]:
+        return jnp.asarray(rect_operator_matrix(*self.shape, 2), dtype=self.xs.dtype)
+
+
+def _cell(edges: Float[Array, " k"], v: Float[Array, " m"]) -> tuple[Int[Array, " m"], Array]:
+    """Cell index (clipped to the mesh) and fractional position in the cell."""
+    i = jnp.clip(jnp.searchsorted(edges, v, side="right") - 1, 0, edges.shape[0] - 2)
+    lo, hi = edges[i], edges[i + 1]
+    width = hi - lo
+    safe = jnp.where(width > 0, width, 1.0)
+    return i, jnp.clip((v - lo) / safe, 0.0, 1.0)
+
+
+# -- Delaunay: triangulation on the host (scipy), barycentric weights in JAX -------------------
+
+
+def _triangulate_host(nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    from scipy.spatial import Delaunay
+
+    pts = np.asarray(nodes, dtype=np.float64)
+    n = pts.shape[0]
+    tri = Delaunay(pts)
+    simplices = tri.simplices.astype(np.int32)
+    e = np.concatenate([simplices[:, [0, 1]], simplices[:, [1, 2]], simplices[:, [2, 0]]])
+    e = np.unique(np.sort(e, axis=1), axis=0)
+    edges = np.zeros((3 * n, 2), np.int32)
+    weight = np.zeros(3 * n, np.int32)
+    edges[: e.shape[0]] = e
+    weight[: e.shape[0]] = 1
+    return edges, weight
+
+
+def _locate_host(nodes: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    from scipy.spatial import Delaunay, cKDTree
+
+    pts = np.asarray(nodes, dtype=np.float64)
+    q = np.stack([np.asarray(x, np.float64), np.asarray(y, np.float64)], axis=1)
+    tri = Delaunay(pts)
+    s = tri.find_simplex(q)
+    verts = tri.simplices[np.maximum(s, 0)].astype(np.int32)
+    out = s < 0
+    if out.any():
+        nearest = cKDTree(pts).query(q[out])[1].astype(np.int32)
+        verts[out] = nearest[:, None]
+    return verts
+
+
+class TriangulationGeometry(AbstractGeometry):
+    """Nodes at arbitrary source-plane positions, joined by their Delaunay triangulation
+    (computed on the host with `scipy.spatial.Delaunay` inside a `jax.pure_callback`, so it
+    is exact for the current nodes and has fixed-shape outputs: `edges` holds the
+    triangulation's `<= 3n` edges padded with `(0, 0)`, marked by `edge_weight` 0).
+
+    Points are interpolated with barycentric weights in their triangle (differentiable with
+    respect to the points and the nodes); points outside the convex hull take the value of
+    their nearest node."""
+
+    fixed: ClassVar[tuple[str, ...]] = ("points", "edges", "edge_weight")
+    points: Float[Array, "n 2"]
+    edges: Int[Array, "e 2"]
+    edge_weight: Int[Array, " e"]
+
+    @classmethod
+    def triangulate(cls, nodes: Float[Array, "n 2"]) -> "TriangulationGeometry":
+        """The Delaunay triangulation of `nodes` (source-plane `(x, y)`, arcsec)."""
+        n = nodes.shape[0]
+        shapes = (
+            jax.ShapeDtypeStruct((3 * n, 2), jnp.int32),
+            jax.ShapeDtypeStruct((3 * n,), jnp.int32),
+        )
+        edges, weight = jax.pure_callback(
+            _triangulate_host, shapes, jax.lax.stop_gradient(nodes), vmap_method="sequential"
+        )
+        return cls(points=nodes, edges=edges, edge_weight=weight)
+
+    @property
+    def n_pixels(self) -> int:
+        return int(self.points.shape[0])
+
+    def nodes(self) -> Float[Array, "n 2"]:
+        return self.points
+
+    def interpolation(
+        self, x: Float[Array, " m"], y: Float[Array, " m"]
+    ) -> tuple[Int[Array, "m 3"], Float[Array, "m 3"]]:
+        shape = jax.ShapeDtypeStruct((x.shape[0], 3), jnp.int32)
+        verts = jax.pure_callback(
+            _locate_host,
+            shape,
+            jax.lax.stop_gradient(self.points),
+            jax.lax.stop_gradient(x),
+            jax.lax.stop_gradient(y),
+            vmap_method="sequential",
+        )
+        p = self.points[verts]  # (m, 3, 2)
+        x0, y0 = p[:, 0, 0], p[:, 0, 1]
+        ax, ay = p[:, 1, 0] - x0, p[:, 1, 1] - y0
+        bx, by = p[:, 2, 0] - x0, p[:, 2, 1] - y0
+        det = ax * by - ay * bx
+        single = (verts[:, 0] == verts[:, 1]) | (det == 0)
+        safe = jnp.where(single, 1.0, det)
+        dx, dy = x - x0, y - y0
+        u = (dx * by - dy * bx) / safe
+        v = (ax * dy - ay * dx) / safe
+        w = jnp.stack([1 - u - v, u, v], axis=1)
+        one = jnp.zeros_like(w).at[:, 0].set(1.0)
+        return verts, jnp.where(single[:, None], one, w)
+
+    def gradient_rows(self) -> SparseRows:
+        w = self.edge_weight.astype(self.points.dtype)
+        return self.edges, jnp.stack([w, -w], axis=1)
+
+    def curvature_matrix(self) -> Float[Array, "n n"]:
+        # the graph Laplacian L = D - A of the triangulation; curvature = L^T L
+        lap = sparse_gram(self.gradient_rows(), self.n_pixels)
+        return lap.T @ lap
+
+
+def sparse_gram(
+    rows: SparseRows, n: int, weights: Float[Array, " r"] | None = None
+) -> Float[Array, "n n"]:
+    """`G^T diag(weights) G` (dense `n x n`) for sparse rows `G`."""
+    idx, coef = rows
+    if weights is not None:
+        coef = coef * jnp.sqrt(weights)[:, None]
+    k = idx.shape[1]
+    a = jnp.repeat(idx, k, axis=1).reshape(-1)
+    b = jnp.tile(idx, (1, k)).reshape(-1)
+    v = (coef[:, :, None] * coef[:, None, :]).reshape(-1)
+    return jnp.zeros((n, n), coef.dtype).at[a, b].add(v)

@@ -1,0 +1,204 @@
+"""Source meshes: recipes that place the pixels of a pixelized source for a lens model.
+
+`mesh.geometry(mass, x, y)` takes the mass model and the traced source-plane positions
+`(x, y)` of the image (sub-)pixels that the source is mapped to, and returns the concrete
+`AbstractGeometry` (node positions, interpolation, neighbours). Everything is differentiable
+with respect to the mass parameters except the discrete choices (which cell or triangle
+holds a point, the triangulation itself).
+"""
+
+import abc
+import math
+from typing import ClassVar
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float
+
+from .._custom_types import as_float
+from .._grid import Grid
+from ..mass import AbstractMassProfile
+from ._geometry import AbstractGeometry, RectilinearGeometry, TriangulationGeometry
+
+
+def _check_shape(name: str, shape: tuple[int, int]) -> tuple[int, int]:
+    if len(shape) != 2 or any(not isinstance(n, int | np.integer) or n < 2 for n in shape):
+        raise ValueError(f"{name}.shape must be two integers >= 2 (rows, columns), got {shape!r}")
+    return (int(shape[0]), int(shape[1]))
+
+
+class AbstractMesh(eqx.Module):
+    """A recipe for the pixels of a pixelized source (see the module docstring)."""
+
+    fixed: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    @abc.abstractmethod
+    def n_pixels(self) -> int:
+        """Number of source pixels (static)."""
+
+    @abc.abstractmethod
+    def geometry(
+        self, mass: AbstractMassProfile, x: Float[Array, " m"], y: Float[Array, " m"]
+    ) -> AbstractGeometry:
+        """The mesh for `mass`, given the traced source-plane positions `(x, y)` (arcsec)
+        of the image (sub-)pixels mapped to the source."""
+
+    @abc.abstractmethod
+    def placeholder(self) -> AbstractGeometry:
+        """A geometry of the right shapes (zeros), for a source not yet solved."""
+
+
+class RectangularMesh(AbstractMesh):
+    """A uniform rectangular mesh of `shape = (rows, columns)` nodes (values in row-major
+    order, x along the columns), interpolated bilinearly.
+
+    **Arguments:** `shape`; `bounds` (`(x_min, x_max, y_min, y_max)` in arcsec, fixed), or
+    None (default) for the bounding box of the traced image pixels, recomputed for every
+    mass model (so every mapped pixel lands on the mesh). With fixed bounds, image pixels
+    traced outside them carry no source light.
+    """
+
+    shape: tuple[int, int] = eqx.field(static=True)
+    bounds: tuple[float, float, float, float] | None = eqx.field(static=True)
+
+    def __init__(
+        self, shape: tuple[int, int], bounds: tuple[float, float, float, float] | None = None
+    ):
+        self.shape = _check_shape("RectangularMesh", shape)
+        if bounds is not None:
+            b = tuple(float(v) for v in bounds)
+            if len(b) != 4 or not (b[0] < b[1] and b[2] < b[3]):
+                raise ValueError(
+                    f"RectangularMesh.bounds must be (x_min, x_max, y_min, y_max) with "
+                    f"min < max, got {bounds!r}"
+                )
+            bounds = b  # pyright: ignore[reportAssignmentType]
+        self.bounds = bounds
+
+    @property
+    def n_pixels(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def geometry(
+        self, mass: AbstractMassProfile, x: Float[Array, " m"], y: Float[Array, " m"]
+    ) -> RectilinearGeometry:
+        del mass
+        ny, nx = self.shape
+        if self.bounds is None:
+            x0, x1, y0, y1 = jnp.min(x), jnp.max(x), jnp.min(y), jnp.max(y)
+        else:
+            x0, x1, y0, y1 = (jnp.asarray(b, dtype=x.dtype) for b in self.bounds)
+        tx = jnp.linspace(0.0, 1.0, nx, dtype=x.dtype)
+        ty = jnp.linspace(0.0, 1.0, ny, dtype=x.dtype)
+        return RectilinearGeometry(xs=x0 + (x1 - x0) * tx, ys=y0 + (y1 - y0) * ty)
+
+    def placeholder(self) -> RectilinearGeometry:
+        dtype = jnp.result_type(float)
+        return RectilinearGeometry(
+            xs=jnp.linspace(0.0, 1.0, self.shape[1], dtype=dtype),
+            ys=jnp.linspace(0.0, 1.0, self.shape[0], dtype=dtype),
+        )
+
+
+class AdaptiveRectangularMesh(AbstractMesh):
+    """A magnification-adaptive rectangular mesh: `shape = (rows, columns)` nodes whose x
+    (y) coordinates are the evenly spaced quantiles of the traced image pixels' x (y), so
+    the node density follows the density of traced pixels (high where the magnification is
+    high). Bilinear interpolation; the mesh always covers every mapped pixel. The quantiles
+    are differentiable with respect to the mass parameters.
+    """
+
+    shape: tuple[int, int] = eqx.field(static=True)
+
+    def __init__(self, shape: tuple[int, int]):
+        self.shape = _check_shape("AdaptiveRectangularMesh", shape)
+
+    @property
+    def n_pixels(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def geometry(
+        self, mass: AbstractMassProfile, x: Float[Array, " m"], y: Float[Array, " m"]
+    ) -> RectilinearGeometry:
+        del mass
+        ny, nx = self.shape
+        qx = jnp.linspace(0.0, 1.0, nx, dtype=x.dtype)
+        qy = jnp.linspace(0.0, 1.0, ny, dtype=y.dtype)
+        return RectilinearGeometry(xs=jnp.quantile(x, qx), ys=jnp.quantile(y, qy))
+
+    def placeholder(self) -> RectilinearGeometry:
+        return RectangularMesh(self.shape).placeholder()
+
+
+class DelaunayMesh(AbstractMesh):
+    """Nodes at the traced positions of fixed image-plane points (usually a subset of the
+    masked image pixels), joined by their Delaunay triangulation in the source plane and
+    interpolated barycentrically; the node positions, and so the weights, follow the mass
+    model, the triangulation is recomputed on the host (scipy) for every model.
+
+    **Arguments:** `image_x`, `image_y`: image-plane positions (arcsec) of the nodes. Use
+    `DelaunayMesh.from_mask(grid, mask, n_nodes)` to pick about `n_nodes` of them evenly
+    over a mask.
+    """
+
+    fixed: ClassVar[tuple[str, ...]] = ("image_x", "image_y")
+    image_x: Float[Array, " n"]
+    image_y: Float[Array, " n"]
+
+    def __init__(self, image_x: Float[Array, " n"], image_y: Float[Array, " n"]):
+        ix, iy = as_float(image_x), as_float(image_y)
+        if ix.ndim != 1 or ix.shape != iy.shape or ix.shape[0] < 3:
+            raise ValueError(
+                f"DelaunayMesh needs 1-d image_x, image_y of equal length >= 3, got shapes "
+                f"{ix.shape} and {iy.shape}"
+            )
+        self.image_x, self.image_y = ix, iy
+
+    @classmethod
+    def from_mask(
+        cls, grid: Grid, mask: Bool[np.ndarray, "ny nx"] | Bool[Array, "ny nx"], n_nodes: int
+    ) -> "DelaunayMesh":
+        """About `n_nodes` pixel centres of `grid` inside `mask`, on a regular lattice of
+        rows and columns (so the nodes sample the mask evenly in the image plane)."""
+        m = np.asarray(mask, dtype=bool)
+        if m.shape != grid.shape:
+            raise ValueError(f"mask shape {m.shape} does not match grid shape {grid.shape}")
+        n_mask = int(m.sum())
+        if not 3 <= int(n_nodes) <= n_mask:
+            raise ValueError(
+                f"n_nodes must be between 3 and the {n_mask} mask pixels, got {n_nodes}"
+            )
+        step = math.sqrt(n_mask / int(n_nodes))
+        pick = np.zeros_like(m)
+        for _ in range(50):  # shrink the lattice step until enough pixels are picked
+            rows = np.unique(np.round(np.arange(0.0, m.shape[0], step)).astype(int))
+            cols = np.unique(np.round(np.arange(0.0, m.shape[1], step)).astype(int))
+            pick = np.zeros_like(m)
+            pick[np.ix_(rows[rows < m.shape[0]], cols[cols < m.shape[1]])] = True
+            pick &= m
+            if pick.sum() >= 0.95 * n_nodes or step <= 1.0:
+                break
+            step = max(1.0, step * 0.97)
+        x, y = np.asarray(grid.x)[pick], np.asarray(grid.y)[pick]
+        return cls(jnp.asarray(x), jnp.asarray(y))
+
+    @property
+    def n_pixels(self) -> int:
+        return int(self.image_x.shape[0])
+
+    def geometry(
+        self, mass: AbstractMassProfile, x: Float[Array, " m"], y: Float[Array, " m"]
+    ) -> TriangulationGeometry:
+        del x, y
+        bx, by = mass.ray_shoot(self.image_x, self.image_y)
+        return TriangulationGeometry.triangulate(jnp.stack([bx, by], axis=1))
+
+    def placeholder(self) -> TriangulationGeometry:
+        n = self.n_pixels
+        return TriangulationGeometry(
+            points=jnp.zeros((n, 2), self.image_x.dtype),
+            edges=jnp.zeros((3 * n, 2), jnp.int32),
+            edge_weight=jnp.zeros((3 * n,), jnp.int32),
+        )

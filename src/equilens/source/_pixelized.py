@@ -1,0 +1,82 @@
+"""A pixelized source: values on a mesh, solved by a regularized linear inversion."""
+
+import abc
+from typing import ClassVar
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Scalar
+
+from .._custom_types import GridArray, as_float
+from ..light import AbstractLightProfile
+from ._geometry import AbstractGeometry
+from ._mesh import AbstractMesh
+
+
+class AbstractRegularization(eqx.Module):
+    """A Gaussian prior on the source values `s`: `p(s) ~ exp(-s^T H s / 2)`.
+
+    `matrix(geometry, signal)` returns `H` (`n x n`, positive definite) and `log det H`;
+    `signal` is a brightness estimate per source pixel in `[0, 1]` (used by adaptive
+    schemes; ignored otherwise). Strength parameters are array fields, so a fit can vary
+    them (by maximising the Bayesian evidence); their `bounds` keep them positive.
+    """
+
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {}
+    fixed: ClassVar[tuple[str, ...]] = ()
+    #: Whether `matrix` uses the brightness `signal` (the inversion skips computing it if not).
+    uses_signal: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def matrix(
+        self, geometry: AbstractGeometry, signal: Float[Array, " n"]
+    ) -> tuple[Float[Array, "n n"], Scalar]:
+        """The regularization matrix `H` and `log det H`."""
+
+
+class PixelizedSource(AbstractLightProfile):
+    """A source whose surface brightness (per arcsec^2) is given by values on the pixels of
+    a `mesh`, interpolated between them, and solved for by a linear inversion regularized
+    by `regularization` (see `equilens.LogEvidence`). Slots into `LensSystem(source=...)`.
+
+    **Arguments:** `mesh` (e.g. `RectangularMesh((32, 32))`), `regularization` (e.g.
+    `ConstantRegularization(1.0)`); `values`, `geometry`: the solved source and the mesh
+    it lives on, filled in by `LogEvidence.complete` / `equilens.fit` (zeros until then,
+    so an unsolved source emits no light). The fit never varies them directly.
+    """
+
+    fixed: ClassVar[tuple[str, ...]] = ("values",)
+    mesh: AbstractMesh
+    regularization: AbstractRegularization
+    values: Float[Array, " n"]
+    geometry: AbstractGeometry
+
+    def __init__(
+        self,
+        mesh: AbstractMesh,
+        regularization: AbstractRegularization,
+        values: Float[Array, " n"] | None = None,
+        geometry: AbstractGeometry | None = None,
+    ):
+        if not isinstance(mesh, AbstractMesh):
+            raise TypeError(f"PixelizedSource.mesh must be an AbstractMesh, got {type(mesh)}")
+        if not isinstance(regularization, AbstractRegularization):
+            raise TypeError(
+                "PixelizedSource.regularization must be an AbstractRegularization, got "
+                f"{type(regularization)}"
+            )
+        n = mesh.n_pixels
+        self.mesh = mesh
+        self.regularization = regularization
+        self.values = jnp.zeros(n, jnp.result_type(float)) if values is None else as_float(values)
+        self.geometry = mesh.placeholder() if geometry is None else geometry
+        if self.values.shape != (n,):
+            raise ValueError(f"values must have shape ({n},), got {self.values.shape}")
+
+    @property
+    def n_pixels(self) -> int:
+        return self.mesh.n_pixels
+
+    def intensity(self, x: GridArray, y: GridArray) -> GridArray:
+        """The solved source interpolated at source-plane positions `(x, y)` (arcsec)."""
+        return self.geometry.values_at(self.values, x, y)

@@ -1,0 +1,270 @@
+"""The Bayesian evidence of a pixelized-source lens model (a linear inversion per call)."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, Scalar
+
+from .._lens_system import LensSystem
+from ..data import Imaging
+from ..psf import FFTConvolution
+from ..source._inversion import (
+    Inversion,
+    blur_mapping,
+    curvature_w_tilde,
+    map_to_image,
+    map_to_source,
+    mapped_pixels,
+    noise_normalisation,
+    solve_system,
+    w_tilde_table,
+)
+from ..source._pixelized import PixelizedSource
+from ._imaging import AbstractImagingTerm, _used_pixels
+
+ROUTES = ("auto", "dense", "w_tilde")
+# The largest banded W~ table "auto" precomputes (bytes: indices + values).
+_W_TILDE_MAX_BYTES = 2**30
+# Route costs measured on one CPU core (benchmarks/bench_pixelized.py, float64): seconds
+# per multiply-add of the dense Gram matrix and per scatter-add of the w-tilde route.
+_DENSE_COST = 7.0e-11
+_W_TILDE_COST = 1.0e-8
+
+
+class LogEvidence(AbstractImagingTerm):
+    """Minus the log Bayesian evidence of an `Imaging` dataset for a `LensSystem` whose
+    source is a `PixelizedSource` (Suyu et al. 2006; Dye & Warren 2005):
+
+        -log E = 0.5 [chi2 + s^T H s + log det(F + H) - log det H + sum log(2 pi sigma^2)],
+
+    where the source values `s` (and the amplitudes of any linear lens-light components,
+    solved in the same system, unregularized) maximise the posterior: `(F + H) s = D` with
+    `D = (BM)^T W d`, `F = (BM)^T W (BM)`, `M` the mapping of the mesh's interpolation over
+    the image (sub-)pixels, `B` the PSF, `W = 1/sigma^2` on the mask and `H` the
+    regularization (`PixelizedSource.regularization`). The source is mapped to the mask
+    grown by the PSF half-width (light just outside the mask is blurred into it).
+
+    A fit minimising this term varies the mass model and the regularization strength (the
+    evidence sets it); `complete` fills in the solved source and amplitudes; `invert`
+    returns everything (`equilens.source.Inversion`). A singular system gives `+inf`,
+    never NaN.
+
+    **Arguments:** `imaging` (PSF at the data resolution); `route` ("auto", "dense" or
+    "w_tilde": how `F` is computed, see `equilens.source`; "auto" takes the cheaper by
+    size on a CPU, "dense" on an accelerator); `nonnegative` (default False: constrain the
+    source values to be `>= 0`); `adapt_image` (a brightness estimate of the lensed source,
+    `(ny, nx)`, for `AdaptiveBrightness`; default the data).
+    """
+
+    imaging: Imaging
+    linear: bool = eqx.field(static=True)
+    nonnegative: bool = eqx.field(static=True)
+    pixels: Int[Array, " n"]
+    mapped: Int[Array, " p"]
+    sub_x: Float[Array, "p s2"]
+    sub_y: Float[Array, "p s2"]
+    adapt: Float[Array, " p"]
+    transpose: FFTConvolution
+    neighbours: Int[Array, "p o"] | None
+    w_tilde: Float[Array, "p o"] | None
+    route: str = eqx.field(static=True)
+
+    def __init__(
+        self,
+        imaging: Imaging,
+        *,
+        route: str = "auto",
+        nonnegative: bool = False,
+        adapt_image: Float[Array, "ny nx"] | np.ndarray | None = None,
+    ):
+        if not isinstance(imaging, Imaging):
+            raise TypeError(f"LogEvidence needs an Imaging dataset, got {type(imaging)}")
+        if route not in ROUTES:
+            raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+        if imaging.psf.supersampling != 1:
+            raise ValueError(
+                "LogEvidence needs a PSF at the data resolution (psf.supersampling == 1); "
+                "supersample the model with Imaging(supersampling=...) instead"
+            )
+        self.imaging = imaging
+        self.linear = True
+        self.nonnegative = bool(nonnegative)
+        self.route = route
+        self.pixels = _used_pixels(imaging)
+        kernel = np.asarray(imaging.psf.kernel(), dtype=np.float64)
+        mask = np.asarray(imaging.mask)
+        mapped = mapped_pixels(mask, kernel.shape)
+        self.mapped = jnp.asarray(mapped)
+        grid = imaging.grid
+        s = grid.supersampling
+        ny, nx = grid.shape
+        xs, ys = (
+            np.asarray(c).reshape(ny, s, nx, s).transpose(0, 2, 1, 3).reshape(ny * nx, s * s)
+            for c in grid.coordinates(supersampled=True)
+        )
+        self.sub_x = jnp.asarray(xs[mapped])
+        self.sub_y = jnp.asarray(ys[mapped])
+        adapt = np.asarray(imaging.data) if adapt_image is None else np.asarray(adapt_image)
+        if adapt.shape != grid.shape:
+            raise ValueError(f"adapt_image shape {adapt.shape} does not match {grid.shape}")
+        self.adapt = jnp.asarray(np.maximum(adapt.reshape(-1)[mapped], 0.0), imaging.data.dtype)
+        self.transpose = FFTConvolution(
+            jnp.asarray(kernel[::-1, ::-1], imaging.data.dtype), (ny, nx)
+        )
+        k2 = (2 * (kernel.shape[0] // 2) + 1) * (2 * (kernel.shape[1] // 2) + 1)
+        size = mapped.shape[0] * 4 * k2 * 16
+        want = route == "w_tilde" or (
+            route == "auto" and jax.default_backend() == "cpu" and size <= _W_TILDE_MAX_BYTES
+        )
+        if want:
+            noise = np.asarray(imaging.noise_map)
+            weight = np.where(mask, 1.0 / noise**2, 0.0)
+            nbr, val = w_tilde_table(kernel, weight, mapped)
+            self.neighbours = jnp.asarray(nbr)
+            self.w_tilde = jnp.asarray(val, imaging.data.dtype)
+        else:
+            self.neighbours = None
+            self.w_tilde = None
+
+    def route_for(self, n_source: int, n_weights: int) -> str:
+        """The route used for `n_source` source pixels with `n_weights` interpolation
+        weights per image pixel ("dense" or "w_tilde")."""
+        if self.route != "auto":
+            return self.route
+        if self.w_tilde is None:
+            return "dense"
+        dense = _DENSE_COST * n_source**2 * self.pixels.shape[0]
+        banded = _W_TILDE_COST * self.w_tilde.size * n_weights
+        return "dense" if dense <= banded else "w_tilde"
+
+    def invert(self, system: LensSystem, errors: bool = False) -> Inversion:
+        """Solves for the source (and linear lens light) of `system`; with `errors`, also
+        the 1-sigma errors of the source values (one more `n^3` solve)."""
+        src = system.source
+        if not isinstance(src, PixelizedSource):
+            raise TypeError(
+                f"LogEvidence needs a LensSystem whose source is a PixelizedSource, got "
+                f"{type(src).__name__}"
+            )
+        imaging = self.imaging
+        grid = imaging.grid
+        ny, nx = grid.shape
+        n_s = src.n_pixels
+        n_r = int(self.pixels.shape[0])
+        if n_s > n_r:
+            raise ValueError(
+                f"the source mesh has {n_s} pixels but the mask only {n_r}: use a coarser "
+                "mesh or a larger mask"
+            )
+        n_p, s2 = self.sub_x.shape
+        bx, by = system.mass.ray_shoot(self.sub_x, self.sub_y)
+        geometry = src.mesh.geometry(system.mass, bx.reshape(-1), by.reshape(-1))
+        idx, w = geometry.interpolation(bx.reshape(-1), by.reshape(-1))
+        k = s2 * idx.shape[1]
+        idx = idx.reshape(n_p, k)
+        w = w.reshape(n_p, k) * (grid.pixel_area / s2)
+
+        conv = imaging.convolution
+        images, fixed = system.linear_images(grid, conv, fields=("lens_light",))
+        n_lin = images.shape[0]
+        data = imaging.data if fixed is None else imaging.data - fixed
+        noise = imaging.noise_map.reshape(-1)[self.pixels]
+        inv_sigma = 1.0 / noise
+        target = data.reshape(-1)[self.pixels] * inv_sigma
+        light = images.reshape(n_lin, -1)[:, self.pixels] * inv_sigma[None, :]
+
+        route = self.route_for(n_s, k)
+        if route == "dense":
+            blurred = blur_mapping(idx, w, n_s, self.mapped, conv)
+            c = blurred.reshape(n_s, -1)[:, self.pixels] * inv_sigma[None, :]
+            curvature = c @ c.T
+            d_source = c @ target
+            cross = c @ light.T
+        else:
+            if self.w_tilde is None or self.neighbours is None:
+                raise ValueError("route 'w_tilde' needs LogEvidence(..., route='w_tilde')")
+            curvature = curvature_w_tilde(idx, w, n_s, self.neighbours, self.w_tilde)
+            weighted = jnp.concatenate([target[None, :], light]) * inv_sigma[None, :]
+            full = jnp.zeros((n_lin + 1, ny * nx), w.dtype).at[:, self.pixels].set(weighted)
+            back = jax.vmap(self.transpose)(full.reshape(n_lin + 1, ny, nx))
+            back = back.reshape(n_lin + 1, -1)[:, self.mapped]
+            projected = map_to_source(idx, w, back.T, n_s)
+            d_source, cross = projected[:, 0], projected[:, 1:]
+
+        if src.regularization.uses_signal:
+            total = map_to_source(idx, w, self.adapt, n_s)
+            cover = map_to_source(idx, w, jnp.ones_like(self.adapt), n_s)
+            signal = jnp.where(cover > 0, total / jnp.where(cover > 0, cover, 1.0), 0.0)
+            signal = signal / jnp.maximum(jnp.max(signal), jnp.finfo(signal.dtype).tiny)
+        else:
+            signal = jnp.zeros(n_s, w.dtype)
+        reg, log_det_reg = src.regularization.matrix(geometry, signal)
+
+        a = jnp.block([[light @ light.T, cross.T], [cross, curvature + reg]])
+        b = jnp.concatenate([light @ target, d_source])
+        positive = None
+        if self.nonnegative:
+            positive = jnp.arange(n_lin + n_s) >= n_lin
+        sol = solve_system(a, b, positive)
+        amps, values = sol.x[:n_lin], sol.x[n_lin:]
+
+        flux = map_to_image(idx, w, values)
+        source_image = conv(jnp.zeros(ny * nx, w.dtype).at[self.mapped].set(flux).reshape(ny, nx))
+        model = source_image + jnp.tensordot(amps, images, axes=1)
+        if fixed is not None:
+            model = model + fixed
+        resid = ((imaging.data - model) / imaging.noise_map).reshape(-1)[self.pixels]
+        residuals = jnp.zeros(ny * nx, w.dtype).at[self.pixels].set(resid).reshape(ny, nx)
+        chi2 = jnp.sum(resid * resid)
+        reg_term = values @ (reg @ values)
+        norm = noise_normalisation(noise)
+        log_ev = -0.5 * (chi2 + reg_term + sol.log_det_curvature - log_det_reg + norm)
+        valid = jnp.isfinite(log_ev) & jnp.all(jnp.isfinite(sol.x))
+        log_ev = jnp.where(valid, log_ev, -jnp.inf)
+        err = jnp.zeros_like(values)
+        if errors:
+            err = jnp.sqrt(jnp.maximum(sol.inverse_diagonal()[n_lin:], 0.0))
+        return Inversion(
+            values=values,
+            errors=err,
+            amplitudes=amps,
+            geometry=geometry,
+            model_image=model,
+            residuals=residuals,
+            chi2=chi2,
+            regularization_term=reg_term,
+            log_det_curvature=sol.log_det_curvature,
+            log_det_regularization=log_det_reg,
+            noise_normalisation=norm,
+            log_evidence=log_ev,
+            valid=valid,
+            route=route,
+        )
+
+    def __call__(self, model: LensSystem) -> Scalar:
+        return -self.invert(model).log_evidence
+
+    def log_evidence(self, system: LensSystem) -> Scalar:
+        """The log evidence (`-term(system)`); `-inf` for a singular system."""
+        return self.invert(system).log_evidence
+
+    def model_image(self, system: LensSystem) -> Float[Array, "ny nx"]:
+        return self.invert(system).model_image
+
+    def complete(self, system: LensSystem) -> LensSystem:
+        """`system` with the solved source values (and mesh) and linear amplitudes."""
+        return with_inversion(system, self.invert(system))
+
+    def chi2(self, system: LensSystem) -> Scalar:
+        return self.invert(system).chi2
+
+
+def with_inversion(system: LensSystem, inv: Inversion) -> LensSystem:
+    """`system` with the source values, mesh and linear amplitudes of `inv` filled in."""
+    out = eqx.tree_at(
+        lambda s: (s.source.values, s.source.geometry), system, (inv.values, inv.geometry)
+    )
+    if inv.amplitudes.shape[0]:
+        out = out.with_amplitudes(inv.amplitudes)
+    return out
