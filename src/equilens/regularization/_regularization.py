@@ -140,7 +140,7 @@ class AdaptiveBrightness(AbstractRegularization):
         self, geometry: AbstractGeometry, signal: Float[Array, " n"]
     ) -> tuple[Float[Array, "n n"], Scalar]:
         s = jnp.clip(signal, 0.0, 1.0)
-        s = jnp.where(s > 0, s, 1.0) ** self.signal_scale * (s > 0)
+        s = jnp.where(s > 0, jnp.where(s > 0, s, 1.0) ** self.signal_scale, 0.0)
         w = (self.inner_coefficient * s + self.outer_coefficient * (1.0 - s)) ** 2
         idx, coef = geometry.gradient_rows()
         edge_w = 0.5 * (w[idx[:, 0]] + w[idx[:, 1]])

@@ -14,7 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 #: Sparse rows of a linear operator on the source values: `rows @ s = sum_k coef[:, k] *
 #: s[idx[:, k]]`.
@@ -144,7 +144,7 @@ def _cell(edges: Float[Array, " k"], v: Float[Array, " m"]) -> tuple[Int[Array, 
 # -- Delaunay: triangulation on the host (scipy), barycentric weights in JAX -------------------
 
 
-def _triangulate_host(nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _triangulate_host(nodes: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     from scipy.spatial import Delaunay
 
     pts = np.asarray(nodes, dtype=np.float64)
@@ -160,7 +160,7 @@ def _triangulate_host(nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return edges, weight
 
 
-def _locate_host(nodes: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _locate_host(nodes: ArrayLike, x: ArrayLike, y: ArrayLike) -> np.ndarray:
     from scipy.spatial import Delaunay, cKDTree
 
     pts = np.asarray(nodes, dtype=np.float64)

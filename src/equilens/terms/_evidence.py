@@ -172,12 +172,12 @@ class LogEvidence(AbstractImagingTerm):
         noise = imaging.noise_map.reshape(-1)[self.pixels]
         inv_sigma = 1.0 / noise
         target = data.reshape(-1)[self.pixels] * inv_sigma
-        light = images.reshape(n_lin, -1)[:, self.pixels] * inv_sigma[None, :]
+        light = images.reshape(n_lin, ny * nx)[:, self.pixels] * inv_sigma[None, :]
 
         route = self.route_for(n_s, k)
         if route == "dense":
             blurred = blur_mapping(idx, w, n_s, self.mapped, conv)
-            c = blurred.reshape(n_s, -1)[:, self.pixels] * inv_sigma[None, :]
+            c = blurred.reshape(n_s, ny * nx)[:, self.pixels] * inv_sigma[None, :]
             curvature = c @ c.T
             d_source = c @ target
             cross = c @ light.T
@@ -188,7 +188,7 @@ class LogEvidence(AbstractImagingTerm):
             weighted = jnp.concatenate([target[None, :], light]) * inv_sigma[None, :]
             full = jnp.zeros((n_lin + 1, ny * nx), w.dtype).at[:, self.pixels].set(weighted)
             back = jax.vmap(self.transpose)(full.reshape(n_lin + 1, ny, nx))
-            back = back.reshape(n_lin + 1, -1)[:, self.mapped]
+            back = back.reshape(n_lin + 1, ny * nx)[:, self.mapped]
             projected = map_to_source(idx, w, back.T, n_s)
             d_source, cross = projected[:, 0], projected[:, 1:]
 

@@ -1,0 +1,478 @@
+"""Pixelized sources: the inversion and log-evidence against an independent dense NumPy
+implementation, round-off reconstruction, gradients, evidence scans and bad input."""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+import scipy.signal
+from helpers import fd_grad, rel_err
+from scipy.spatial import Delaunay
+
+import equilens as el
+from equilens import light, mass
+from equilens.regularization._regularization import RIDGE
+
+X64 = jax.config.read("jax_enable_x64")
+PS = 0.05
+
+
+def _lens():
+    return mass.SIE(theta_E=0.9, e1=0.08, e2=-0.04) + mass.ExternalShear(gamma1=0.03, gamma2=0.01)
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    truth = el.LensSystem(
+        mass=_lens(),
+        lens_light=light.Sersic(amp=6.0, R_sersic=0.5, n_sersic=2.5),
+        source=light.Sersic(amp=30.0, R_sersic=0.12, n_sersic=1.2, e1=0.1, center_x=0.04),
+    )
+    grid = el.Grid((44, 44), pixel_scale=PS)
+    psf = el.GaussianPSF(fwhm=0.11, pixel_scale=PS, truncation=3.0)
+    return el.simulate(
+        jax.random.key(3),
+        truth,
+        grid,
+        psf,
+        exposure_time=1500.0,
+        sky_level=1.0,
+        mask=grid.circular_mask(1.0),
+    )
+
+
+def _system(mesh, reg, lens_light=True):
+    ll = light.Sersic(amp=1.0, R_sersic=0.5, n_sersic=2.5) if lens_light else None
+    return el.LensSystem(mass=_lens(), lens_light=ll, source=el.PixelizedSource(mesh, reg))
+
+
+# -- an independent dense NumPy implementation ------------------------------------------------
+
+
+def _np_mapping(system, imaging):
+    """Dense blurred mapping (n_pixels_full x n_source) and the traced node geometry."""
+    grid = imaging.grid
+    ny, nx = grid.shape
+    s = grid.supersampling
+    kernel = np.asarray(imaging.psf.kernel(), np.float64)
+    ky, kx = kernel.shape
+    mask = np.asarray(imaging.mask)
+    # pixels within a kernel half-width (box) of the mask
+    rows, cols = np.nonzero(mask)
+    near = np.zeros_like(mask)
+    for r, c in zip(rows, cols, strict=True):
+        near[max(r - ky // 2, 0) : r + ky // 2 + 1, max(c - kx // 2, 0) : c + kx // 2 + 1] = True
+    xs, ys = (np.asarray(a, np.float64) for a in grid.coordinates(supersampled=True))
+    sub_pix = (np.arange(ny * s)[:, None] // s) * nx + (np.arange(nx * s)[None, :] // s)
+    use = near.reshape(-1)[sub_pix]
+    bx, by = (np.asarray(a, np.float64) for a in system.mass.ray_shoot(jnp.asarray(xs[use]), jnp.asarray(ys[use])))
+    pix = sub_pix[use]
+    src = system.source
+    mesh = src.mesh
+    area = grid.pixel_area / s**2
+    if isinstance(mesh, el.DelaunayMesh):
+        nodes = np.stack(
+            [np.asarray(a, np.float64) for a in system.mass.ray_shoot(mesh.image_x, mesh.image_y)],
+            1,
+        )
+        tri = Delaunay(nodes)
+        simplex = tri.find_simplex(np.stack([bx, by], 1))
+        n_src = nodes.shape[0]
+        m = np.zeros((ny * nx, n_src))
+        for i in range(bx.size):
+            if simplex[i] < 0:
+                j = np.argmin((nodes[:, 0] - bx[i]) ** 2 + (nodes[:, 1] - by[i]) ** 2)
+                m[pix[i], j] += area
+                continue
+            t = tri.transform[simplex[i]]
+            lam = t[:2] @ (np.array([bx[i], by[i]]) - t[2])
+            bary = np.array([lam[0], lam[1], 1 - lam.sum()])
+            for v, b in zip(tri.simplices[simplex[i]], bary, strict=True):
+                m[pix[i], v] += area * b
+        edges = set()
+        for simp in tri.simplices:
+            for a, b in ((0, 1), (1, 2), (2, 0)):
+                edges.add(tuple(sorted((simp[a], simp[b]))))
+        geo = {"nodes": nodes, "edges": sorted(edges), "kind": "tri"}
+    else:
+        shape = mesh.shape
+        if isinstance(mesh, el.AdaptiveRectangularMesh):
+            gx = np.quantile(bx, np.linspace(0, 1, shape[1]))
+            gy = np.quantile(by, np.linspace(0, 1, shape[0]))
+        else:
+            gx = np.linspace(bx.min(), bx.max(), shape[1])
+            gy = np.linspace(by.min(), by.max(), shape[0])
+        n_src = shape[0] * shape[1]
+        m = np.zeros((ny * nx, n_src))
+        for i in range(bx.size):
+            ix = min(max(np.searchsorted(gx, bx[i], side="right") - 1, 0), shape[1] - 2)
+            iy = min(max(np.searchsorted(gy, by[i], side="right") - 1, 0), shape[0] - 2)
+            tx = (bx[i] - gx[ix]) / (gx[ix + 1] - gx[ix])
+            ty = (by[i] - gy[iy]) / (gy[iy + 1] - gy[iy])
+            for dy, dx, wgt in ((0, 0, (1 - tx) * (1 - ty)), (0, 1, tx * (1 - ty))):
+                m[pix[i], (iy + dy) * shape[1] + ix + dx] += area * wgt
+            for dy, dx, wgt in ((1, 0, (1 - tx) * ty), (1, 1, tx * ty)):
+                m[pix[i], (iy + dy) * shape[1] + ix + dx] += area * wgt
+        yy, xx = np.meshgrid(gy, gx, indexing="ij")
+        ids = np.arange(n_src).reshape(shape)
+        edges = [(ids[r, c], ids[r, c + 1]) for r in range(shape[0]) for c in range(shape[1] - 1)]
+        edges += [(ids[r, c], ids[r + 1, c]) for r in range(shape[0] - 1) for c in range(shape[1])]
+        geo = {"nodes": np.stack([xx.ravel(), yy.ravel()], 1), "edges": edges, "kind": "rect"}
+        geo["lines"] = [
+            (ids[r, c - 1], ids[r, c], ids[r, c + 1])
+            for r in range(shape[0])
+            for c in range(1, shape[1] - 1)
+        ] + [
+            (ids[r - 1, c], ids[r, c], ids[r + 1, c])
+            for r in range(1, shape[0] - 1)
+            for c in range(shape[1])
+        ]
+    blurred = np.stack(
+        [
+            scipy.signal.convolve2d(m[:, j].reshape(ny, nx), kernel, mode="same").ravel()
+            for j in range(n_src)
+        ],
+        1,
+    )
+    return blurred, m, geo
+
+
+def _np_regularization(reg, geo, signal):
+    n = geo["nodes"].shape[0]
+    if isinstance(reg, el.ConstantRegularization | el.CurvatureRegularization):
+        lam = float(reg.coefficient)
+        h = np.zeros((n, n))
+        if isinstance(reg, el.ConstantRegularization):
+            for i, j in geo["edges"]:
+                row = np.zeros(n)
+                row[i], row[j] = 1.0, -1.0
+                h += np.outer(row, row)
+        elif geo["kind"] == "rect":
+            for a, b, c in geo["lines"]:
+                row = np.zeros(n)
+                row[a], row[b], row[c] = 1.0, -2.0, 1.0
+                h += np.outer(row, row)
+        else:
+            lap = np.zeros((n, n))
+            for i, j in geo["edges"]:
+                lap[i, i] += 1
+                lap[j, j] += 1
+                lap[i, j] -= 1
+                lap[j, i] -= 1
+            h = lap.T @ lap
+        return lam * (h + RIDGE * np.eye(n))
+    if isinstance(reg, el.AdaptiveBrightness):
+        sig = np.clip(signal, 0, 1) ** float(reg.signal_scale)
+        inner, outer = float(reg.inner_coefficient), float(reg.outer_coefficient)
+        w = (inner * sig + outer * (1 - sig)) ** 2
+        h = RIDGE * np.diag(w)
+        for i, j in geo["edges"]:
+            row = np.zeros(n)
+            row[i], row[j] = 1.0, -1.0
+            h += 0.5 * (w[i] + w[j]) * np.outer(row, row)
+        return h
+    nodes = geo["nodes"]
+    d = np.sqrt(((nodes[:, None, :] - nodes[None, :, :]) ** 2).sum(-1))
+    r = d / float(reg.scale)
+    nu = getattr(reg, "nu", 0.5)
+    if nu == 0.5:
+        k = np.exp(-r)
+    elif nu == 1.5:
+        k = (1 + math.sqrt(3) * r) * np.exp(-math.sqrt(3) * r)
+    else:
+        k = (1 + math.sqrt(5) * r + 5 * r**2 / 3) * np.exp(-math.sqrt(5) * r)
+    k = k + reg.jitter * np.eye(n)
+    return float(reg.coefficient) * np.linalg.inv(k)
+
+
+def np_log_evidence(system, imaging, adapt=None):
+    """-(chi2 + s^T H s + log det(F+H) - log det H + sum log 2 pi sigma^2)/2, dense."""
+    blurred, m, geo = _np_mapping(system, imaging)
+    mask = np.asarray(imaging.mask).reshape(-1)
+    sigma = np.asarray(imaging.noise_map, np.float64).reshape(-1)[mask]
+    data = np.asarray(imaging.data, np.float64).reshape(-1)[mask]
+    cols = [blurred[mask]]
+    n_lin = 0
+    if system.lens_light is not None:
+        images, _ = system.linear_images(imaging.grid, imaging.psf, fields=("lens_light",))
+        lin = np.asarray(images, np.float64).reshape(images.shape[0], -1)[:, mask].T
+        n_lin = lin.shape[1]
+        cols.insert(0, lin)
+    a_mat = np.concatenate(cols, 1) / sigma[:, None]
+    f = a_mat.T @ a_mat
+    d = a_mat.T @ (data / sigma)
+    adapt_img = np.asarray(imaging.data if adapt is None else adapt, np.float64).reshape(-1)
+    total = m.T @ np.maximum(adapt_img, 0)
+    cover = m.T @ np.ones_like(adapt_img)
+    signal = np.where(cover > 0, total / np.where(cover > 0, cover, 1), 0)
+    signal = signal / signal.max()
+    h_src = _np_regularization(system.source.regularization, geo, signal)
+    h = np.zeros_like(f)
+    h[n_lin:, n_lin:] = h_src
+    x = np.linalg.solve(f + h, d)
+    model = a_mat @ x * sigma
+    chi2 = np.sum(((data - model) / sigma) ** 2)
+    s = x[n_lin:]
+    logdet_a = np.linalg.slogdet(f + h)[1]
+    logdet_h = np.linalg.slogdet(h_src)[1]
+    norm = np.sum(np.log(2 * np.pi * sigma**2))
+    return -0.5 * (chi2 + s @ h_src @ s + logdet_a - logdet_h + norm), s
+
+
+def _invert(term, system, errors=False):
+    return eqx.filter_jit(lambda t, s: t.invert(s, errors=errors))(term, system)
+
+
+CASES = [
+    ("rect", "constant", "dense", True),
+    ("rect", "constant", "w_tilde", True),
+    ("rect", "curvature", "w_tilde", False),
+    ("rect", "adaptive", "dense", False),
+    ("adaptive", "matern", "dense", True),
+    ("adaptive", "curvature", "w_tilde", False),
+    ("delaunay", "constant", "w_tilde", False),
+    ("delaunay", "curvature", "dense", False),
+    ("delaunay", "exponential", "dense", True),
+]
+
+
+def _mesh(name, imaging):
+    if name == "rect":
+        return el.RectangularMesh((10, 12))
+    if name == "adaptive":
+        return el.AdaptiveRectangularMesh((11, 11))
+    return el.DelaunayMesh.from_mask(imaging.grid, np.asarray(imaging.mask), 110)
+
+
+def _reg(name):
+    return {
+        "constant": el.ConstantRegularization(2e-3),
+        "curvature": el.CurvatureRegularization(5e-3),
+        "adaptive": el.AdaptiveBrightness(1e-2, 0.1, 1.0),
+        "matern": el.MaternKernel(1e-3, 0.1, nu=2.5),
+        "exponential": el.ExponentialKernel(1e-3, 0.15),
+    }[name]
+
+
+@pytest.mark.x64_only
+@pytest.mark.parametrize("mesh,reg,route,lens_light", CASES)
+def test_log_evidence_matches_dense_numpy(dataset, mesh, reg, route, lens_light):
+    system = _system(_mesh(mesh, dataset), _reg(reg), lens_light)
+    term = el.LogEvidence(dataset, route=route)
+    inv = _invert(term, system)
+    ref, s_ref = np_log_evidence(system, dataset)
+    assert inv.route == route
+    assert bool(inv.valid)
+    assert abs(float(inv.log_evidence) - ref) <= 1e-10 * abs(ref)
+    assert rel_err(inv.values, s_ref) < 1e-8
+    assert float(term(system)) == pytest.approx(-ref, rel=1e-10)
+
+
+def test_routes_agree_in_any_precision(dataset):
+    system = _system(_mesh("rect", dataset), _reg("constant"))
+    dense = _invert(el.LogEvidence(dataset, route="dense"), system)
+    banded = _invert(el.LogEvidence(dataset, route="w_tilde"), system)
+    tol = 1e-11 if X64 else 1e-4
+    assert abs(float(dense.log_evidence - banded.log_evidence)) <= tol * abs(
+        float(dense.log_evidence)
+    )
+    assert rel_err(dense.model_image, banded.model_image) < (1e-9 if X64 else 1e-3)
+
+
+@pytest.mark.x64_only
+def test_noise_free_source_on_the_mesh_is_recovered_to_round_off():
+    grid = el.Grid((40, 40), pixel_scale=PS)
+    psf = el.GaussianPSF(fwhm=0.1, pixel_scale=PS, truncation=3.0)
+    mask = grid.circular_mask(0.95)
+    system = _system(el.RectangularMesh((9, 9)), el.ConstantRegularization(1e-14), False)
+    noise = np.full(grid.shape, 1e-3)
+    blank = el.Imaging(np.zeros(grid.shape), noise, psf, PS, mask=mask)
+    blurred, _, _ = _np_mapping(system, blank)
+    rng = np.random.default_rng(1)
+    truth = rng.uniform(1.0, 5.0, blurred.shape[1])
+    data = (blurred @ truth).reshape(grid.shape)
+    imaging = el.Imaging(data, noise, psf, PS, mask=mask)
+    inv = _invert(el.LogEvidence(imaging, route="dense"), system)
+    coverage = np.abs(blurred[np.asarray(mask).reshape(-1)]).sum(0)
+    # nodes lit by at least 0.1% of the best-covered node's flux; the others (mesh corners
+    # touched by a few traced pixels) are set by the regularization
+    seen = coverage > 1e-3 * coverage.max()
+    assert seen.sum() > 0.8 * seen.size
+    assert rel_err(np.asarray(inv.values)[seen], truth[seen]) < 1e-8
+    assert float(np.max(np.abs(inv.residuals))) < 1e-9 * float(np.max(data)) / 1e-3
+
+
+def test_completed_system_renders_the_inverted_model(dataset):
+    system = _system(_mesh("rect", dataset), _reg("constant"))
+    term = el.LogEvidence(dataset)
+    done = eqx.filter_jit(lambda t, s: t.complete(s))(term, system)
+    inv = _invert(term, system)
+    image = done.image(dataset.grid, dataset.convolution)
+    mask = np.asarray(dataset.mask)
+    scale = float(np.max(np.abs(np.asarray(inv.model_image)[mask])))
+    diff = np.abs(np.asarray(image - inv.model_image))[mask]
+    assert diff.max() < (1e-10 if X64 else 1e-4) * scale
+    assert float(jnp.abs(done.lens_light.amp - inv.amplitudes[0])) == 0.0
+
+
+@pytest.mark.x64_only
+@pytest.mark.parametrize("mesh", ["rect", "delaunay"])
+def test_gradient_matches_finite_differences(dataset, mesh):
+    system = _system(_mesh(mesh, dataset), _reg("constant"))
+    term = el.LogEvidence(dataset)
+
+    def build(p):
+        m = eqx.tree_at(
+            lambda s: (
+                s.mass.components[0].theta_E,
+                s.mass.components[0].e1,
+                s.mass.components[1].gamma1,
+                s.source.regularization.coefficient,
+            ),
+            system,
+            tuple((p[0], p[1], p[2], jnp.exp(p[3]))),
+        )
+        return term(m)
+
+    p0 = np.array([0.9, 0.08, 0.03, math.log(2e-3)])
+    grad = eqx.filter_jit(jax.grad(lambda p: build(p)))(jnp.asarray(p0))
+    fd = fd_grad(lambda p: eqx.filter_jit(build)(jnp.asarray(p)), p0, h=1e-6)
+    assert rel_err(grad, fd) < 2e-4
+
+
+@pytest.mark.x64_only
+def test_evidence_peaks_at_the_true_einstein_radius_and_slope():
+    true = mass.EPL(theta_E=0.9, gamma=2.0, e1=0.05, e2=0.02)
+    grid = el.Grid((44, 44), pixel_scale=PS)
+    psf = el.GaussianPSF(fwhm=0.11, pixel_scale=PS, truncation=3.0)
+    source = light.Sersic(amp=40.0, R_sersic=0.1, n_sersic=1.0, e1=0.15, center_x=0.05)
+    imaging = el.simulate(
+        jax.random.key(7),
+        el.LensSystem(mass=true, source=source),
+        grid,
+        psf,
+        exposure_time=3000.0,
+        sky_level=1.0,
+        mask=grid.circular_mask(1.05),
+    )
+    term = el.LogEvidence(imaging)
+    mesh = el.AdaptiveRectangularMesh((14, 14))
+    evidence = eqx.filter_jit(
+        lambda t, m, lam: t.log_evidence(
+            el.LensSystem(mass=m, source=el.PixelizedSource(mesh, el.ConstantRegularization(lam)))
+        )
+    )
+
+    def best(m):  # the evidence at its best regularization strength
+        return max(float(evidence(term, m, jnp.asarray(lam))) for lam in 10.0 ** np.arange(-5, 0))
+
+    thetas = [0.84, 0.87, 0.9, 0.93, 0.96]
+    ev_theta = [best(eqx.tree_at(lambda m: m.theta_E, true, jnp.asarray(t))) for t in thetas]
+    gammas = [1.8, 1.9, 2.0, 2.1, 2.2]
+    ev_gamma = [best(eqx.tree_at(lambda m: m.gamma, true, jnp.asarray(g))) for g in gammas]
+    assert int(np.argmax(ev_theta)) == 2, ev_theta
+    assert int(np.argmax(ev_gamma)) == 2, ev_gamma
+
+
+@pytest.mark.x64_only
+def test_positive_only_solve_matches_scipy_nnls(dataset):
+    system = _system(_mesh("rect", dataset), el.ConstantRegularization(1e-4), False)
+    term = el.LogEvidence(dataset, nonnegative=True, route="dense")
+    inv = _invert(term, system)
+    assert float(jnp.min(inv.values)) >= 0.0
+    # the same quadratic program solved by scipy: min 0.5 s^T A s - b^T s, s >= 0
+    blurred, _, geo = _np_mapping(system, dataset)
+    mask = np.asarray(dataset.mask).reshape(-1)
+    sigma = np.asarray(dataset.noise_map).reshape(-1)[mask]
+    c = blurred[mask] / sigma[:, None]
+    a = c.T @ c + _np_regularization(system.source.regularization, geo, None)
+    b = c.T @ (np.asarray(dataset.data).reshape(-1)[mask] / sigma)
+    chol = np.linalg.cholesky(a)
+    ref, _ = scipy.optimize.nnls(chol.T, np.linalg.solve(chol, b), maxiter=10_000)
+    assert rel_err(inv.values, ref) < 1e-6
+    assert int(np.sum(ref == 0)) > 0  # the constraint is active somewhere
+
+
+def test_errors_are_the_inverse_curvature_diagonal(dataset):
+    system = _system(_mesh("rect", dataset), _reg("constant"), False)
+    inv = _invert(el.LogEvidence(dataset, route="dense"), system, errors=True)
+    assert bool(jnp.all(inv.errors > 0))
+    if X64:
+        blurred, _, geo = _np_mapping(system, dataset)
+        mask = np.asarray(dataset.mask).reshape(-1)
+        sigma = np.asarray(dataset.noise_map).reshape(-1)[mask]
+        c = blurred[mask] / sigma[:, None]
+        a = c.T @ c + _np_regularization(system.source.regularization, geo, None)
+        assert rel_err(inv.errors, np.sqrt(np.diag(np.linalg.inv(a)))) < 1e-8
+    image = inv.source_image(el.Grid((30, 30), pixel_scale=0.03))
+    assert image.shape == (30, 30) and bool(jnp.all(jnp.isfinite(image)))
+
+
+def test_mesh_with_more_pixels_than_data_raises(dataset):
+    system = _system(el.RectangularMesh((40, 40)), _reg("constant"))
+    with pytest.raises(ValueError, match="pixels but the mask only"):
+        el.LogEvidence(dataset).invert(system)
+
+
+def test_empty_mask_raises():
+    grid = el.Grid((20, 20), pixel_scale=PS)
+    psf = el.GaussianPSF(fwhm=0.1, pixel_scale=PS)
+    with pytest.raises(ValueError, match="mask is empty"):
+        el.Imaging(np.zeros(grid.shape), np.ones(grid.shape), psf, PS, mask=np.zeros((20, 20), bool))
+    with pytest.raises(ValueError, match="n_nodes"):
+        el.DelaunayMesh.from_mask(grid, np.zeros((20, 20), bool), 10)
+
+
+def test_singular_system_gives_infinite_term_not_nan(dataset):
+    # two identical linear lens-light components: the unregularized block is singular
+    same = light.Sersic(amp=1.0, R_sersic=0.5, n_sersic=2.5)
+    system = el.LensSystem(
+        mass=_lens(),
+        lens_light=same + same,
+        source=el.PixelizedSource(_mesh("rect", dataset), _reg("constant")),
+    )
+    term = el.LogEvidence(dataset)
+    inv = _invert(term, system)
+    assert not bool(inv.valid)
+    assert float(inv.log_evidence) == -math.inf
+    assert float(eqx.filter_jit(lambda t, s: t(s))(term, system)) == math.inf
+
+
+def test_bad_arguments_raise(dataset):
+    with pytest.raises(ValueError, match="route"):
+        el.LogEvidence(dataset, route="fast")
+    with pytest.raises(ValueError, match="coefficient must be > 0"):
+        el.ConstantRegularization(0.0)
+    with pytest.raises(ValueError, match="nu"):
+        el.MaternKernel(1.0, 0.1, nu=1.0)
+    with pytest.raises(ValueError, match="shape"):
+        el.RectangularMesh((1, 5))
+    with pytest.raises(TypeError, match="PixelizedSource"):
+        el.LogEvidence(dataset).invert(
+            el.LensSystem(mass=_lens(), source=light.Sersic(amp=1.0, R_sersic=0.1, n_sersic=1.0))
+        )
+    with pytest.raises(ValueError, match="data resolution"):
+        psf2 = el.GaussianPSF(fwhm=0.1, pixel_scale=PS, supersampling=2)
+        imaging = el.Imaging(
+            np.asarray(dataset.data), np.asarray(dataset.noise_map), psf2, PS, supersampling=2
+        )
+        el.LogEvidence(imaging)
+
+
+@pytest.mark.x64_only
+def test_supersampled_grid_matches_numpy():
+    grid = el.Grid((36, 36), pixel_scale=PS, supersampling=2)
+    psf = el.GaussianPSF(fwhm=0.11, pixel_scale=PS, truncation=3.0)
+    rng = np.random.default_rng(0)
+    data = rng.normal(size=grid.shape) + 5.0
+    imaging = el.Imaging(
+        data, np.ones(grid.shape), psf, PS, mask=grid.circular_mask(0.8), supersampling=2
+    )
+    system = _system(el.RectangularMesh((8, 8)), el.ConstantRegularization(0.1), False)
+    inv = _invert(el.LogEvidence(imaging), system)
+    ref, _ = np_log_evidence(system, imaging)
+    assert abs(float(inv.log_evidence) - ref) <= 1e-10 * abs(ref)
