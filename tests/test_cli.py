@@ -100,9 +100,33 @@ def test_fit_command_writes_json_and_png(fits_files, tmp_path):
     assert (tmp_path / "fit.png").exists()
 
 
+def test_pixelized_fit_writes_evidence_and_source_fits(fits_files, tmp_path):
+    out = tmp_path / "pix.json"
+    argv = _args(fits_files, **{"--source": "pixelized", "--mesh": "adaptive:12x12"})
+    assert main([*argv, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert np.isfinite(result["log_evidence"])
+    source = result["components"][-1]
+    assert source["class"] == "PixelizedSource" and source["n_pixels"] == 144
+    assert source["mesh"] == "AdaptiveRectangularMesh"
+    strength = source["parameters"]["regularization.coefficient"]
+    assert strength["value"] > 0 and strength["error"] is not None  # fitted by the evidence
+    sie = result["components"][0]["parameters"]
+    assert abs(sie["theta_E"]["value"] - 1.0) < 0.03
+    with fits.open(result["source_fits"]) as hdul:
+        image, errors = hdul[0].data, hdul["ERRORS"].data
+        assert hdul[0].header["PIXSCALE"] > 0
+    assert image.shape == errors.shape == (120, 120)
+    assert np.nanmax(image) > 5 * np.nanmedian(errors)  # a detected source
+    assert (tmp_path / "pix.png").exists()
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
+        ({"--source": "pixelized", "--mesh": "hexagonal"}, "--mesh must be one of"),
+        ({"--source": "pixelized", "--mesh": "adaptive:12"}, "size must be NYxNX"),
+        ({"--source": "pixelized", "--regularization": "tv"}, "--regularization must be one of"),
         ({"image": "/nonexistent/image.fits"}, "image file not found"),
         ({"--noise-map": "SMALL"}, "does not match"),
         ({"image": "NAN"}, "NaN"),

@@ -16,7 +16,11 @@ from ._io import (
     save as save,
     write_json as write_json,
 )
-from ._pipeline import fit_lens as fit_lens
+from ._pipeline import (
+    fit_lens as fit_lens,
+    fit_pixelized as fit_pixelized,
+    pixelized_model as pixelized_model,
+)
 from ._result import RESULTS as RESULTS, FitResult as FitResult
 from ._start import (
     LightMoments as LightMoments,

@@ -12,6 +12,7 @@ from jaxtyping import PyTree
 from .._lens_system import LensSystem
 from ..light import LightSum
 from ..mass import MassSum
+from ..source import PixelizedSource
 from ._result import FitResult
 
 
@@ -64,7 +65,11 @@ def result_to_dict(result: FitResult) -> dict[str, Any]:
         if isinstance(node, (MassSum, LightSum)):
             prefix = f"{field}.components[{i}]"
         params = {}
-        for path, leaf in jtu.tree_flatten_with_path(comp)[0]:
+        leaves = jtu.tree_flatten_with_path(comp)[0]
+        if isinstance(comp, PixelizedSource):  # its values go to a FITS image, not the JSON
+            leaves = jtu.tree_flatten_with_path(comp.regularization)[0]
+            leaves = [((jtu.GetAttrKey("regularization"), *p), v) for p, v in leaves]
+        for path, leaf in leaves:
             name = jtu.keystr(path).lstrip(".")
             full = f"{prefix}.{name}"
             if np.ndim(leaf) == 0:
@@ -76,9 +81,12 @@ def result_to_dict(result: FitResult) -> dict[str, Any]:
                 "value": _plain(leaf),
                 "error": "linear" if name == "amp" and (field, i) in solved else err,
             }
-        comps.append(
-            {"field": field, "index": i, "class": type(comp).__name__, "parameters": params}
-        )
+        entry = {"field": field, "index": i, "class": type(comp).__name__, "parameters": params}
+        if isinstance(comp, PixelizedSource):
+            entry["mesh"] = type(comp.mesh).__name__
+            entry["regularization"] = type(comp.regularization).__name__
+            entry["n_pixels"] = comp.n_pixels
+        comps.append(entry)
     return {
         "components": comps,
         "chi2": float(result.chi2),
