@@ -35,7 +35,7 @@ def main(path: str) -> None:
         t0 = time.perf_counter()
         datasets["sparse"] = plain.apply_sparse_operator_cpu()
         setup = time.perf_counter() - t0
-    except Exception as err:  # noqa: BLE001 - report, do not fail the benchmark
+    except Exception as err:
         setup = repr(err)
     lens = al.Galaxy(
         redshift=0.5,

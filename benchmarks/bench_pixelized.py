@@ -100,11 +100,7 @@ def main() -> None:
         stats = fn.lower(*a).compile().memory_analysis()
         if stats is None:
             return float("nan")
-        total = (
-            stats.temp_size_in_bytes
-            + stats.argument_size_in_bytes
-            + stats.output_size_in_bytes
-        )
+        total = stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes
         return total / 2**20
 
     print(f"w-tilde table precomputed once per dataset: {terms['w_tilde_setup']:.2f} s")

@@ -7,9 +7,17 @@ import equinox as eqx
 import pytest
 
 import equilens as el
-from equilens import light, mass, psf, terms
+from equilens import light, mass, psf, regularization, source, terms
 
-ROOTS = [mass.AbstractMassProfile, light.AbstractLightProfile, psf.AbstractPSF, terms.AbstractTerm]
+ROOTS = [
+    mass.AbstractMassProfile,
+    light.AbstractLightProfile,
+    psf.AbstractPSF,
+    terms.AbstractTerm,
+    source.AbstractMesh,
+    source.AbstractGeometry,
+    regularization.AbstractRegularization,
+]
 
 # Concrete methods of abstract classes that a final class may replace by an analytic form.
 OVERRIDE_ALLOWLIST = {"hessian", "convergence"}

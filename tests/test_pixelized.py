@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import scipy.optimize
 import scipy.signal
-from helpers import fd_grad, rel_err
 from scipy.spatial import Delaunay
 
 import equilens as el
 from equilens import light, mass
 from equilens.regularization._regularization import RIDGE
+from helpers import fd_grad, rel_err
 
 X64 = jax.config.read("jax_enable_x64")
 PS = 0.05
@@ -69,7 +69,10 @@ def _np_mapping(system, imaging):
     xs, ys = (np.asarray(a, np.float64) for a in grid.coordinates(supersampled=True))
     sub_pix = (np.arange(ny * s)[:, None] // s) * nx + (np.arange(nx * s)[None, :] // s)
     use = near.reshape(-1)[sub_pix]
-    bx, by = (np.asarray(a, np.float64) for a in system.mass.ray_shoot(jnp.asarray(xs[use]), jnp.asarray(ys[use])))
+    bx, by = (
+        np.asarray(a, np.float64)
+        for a in system.mass.ray_shoot(jnp.asarray(xs[use]), jnp.asarray(ys[use]))
+    )
     pix = sub_pix[use]
     src = system.source
     mesh = src.mesh
@@ -422,7 +425,9 @@ def test_empty_mask_raises():
     grid = el.Grid((20, 20), pixel_scale=PS)
     psf = el.GaussianPSF(fwhm=0.1, pixel_scale=PS)
     with pytest.raises(ValueError, match="mask is empty"):
-        el.Imaging(np.zeros(grid.shape), np.ones(grid.shape), psf, PS, mask=np.zeros((20, 20), bool))
+        el.Imaging(
+            np.zeros(grid.shape), np.ones(grid.shape), psf, PS, mask=np.zeros((20, 20), bool)
+        )
     with pytest.raises(ValueError, match="n_nodes"):
         el.DelaunayMesh.from_mask(grid, np.zeros((20, 20), bool), 10)
 
@@ -455,6 +460,10 @@ def test_bad_arguments_raise(dataset):
         el.LogEvidence(dataset).invert(
             el.LensSystem(mass=_lens(), source=light.Sersic(amp=1.0, R_sersic=0.1, n_sersic=1.0))
         )
+    with pytest.raises(TypeError, match=r"use equilens\.LogEvidence"):
+        el.GaussianLikelihood(dataset).model_image(
+            _system(_mesh("rect", dataset), _reg("constant"))
+        )
     with pytest.raises(ValueError, match="data resolution"):
         psf2 = el.GaussianPSF(fwhm=0.1, pixel_scale=PS, supersampling=2)
         imaging = el.Imaging(
@@ -476,3 +485,40 @@ def test_supersampled_grid_matches_numpy():
     inv = _invert(el.LogEvidence(imaging), system)
     ref, _ = np_log_evidence(system, imaging)
     assert abs(float(inv.log_evidence) - ref) <= 1e-10 * abs(ref)
+
+
+@pytest.mark.x64_only
+def test_evidence_fit_recovers_the_mass_and_fills_in_the_source():
+    truth = el.LensSystem(
+        mass=mass.SIE(theta_E=1.0, e1=0.08, e2=-0.03) + mass.ExternalShear(0.02, 0.01),
+        lens_light=light.Sersic(amp=4.0, R_sersic=0.6, n_sersic=3.0, e1=0.05),
+        source=light.Sersic(amp=15.0, R_sersic=0.15, n_sersic=1.0, e1=0.2, center_x=0.03),
+    )
+    grid = el.Grid((56, 56), pixel_scale=PS)
+    psf = el.GaussianPSF(fwhm=0.1, pixel_scale=PS, truncation=3.0)
+    imaging = el.simulate(
+        jax.random.key(1),
+        truth,
+        grid,
+        psf,
+        exposure_time=2000.0,
+        sky_level=1.0,
+        mask=grid.annular_mask(0.3, 1.4),
+    )
+    start = el.LensSystem(
+        mass=mass.SIE(theta_E=0.97, e1=0.05, e2=0.0) + mass.ExternalShear(0.0, 0.0),
+        lens_light=light.Sersic(amp=1.0, R_sersic=0.6, n_sersic=3.0, e1=0.05),
+        source=el.PixelizedSource(
+            el.AdaptiveRectangularMesh((14, 14)), el.ConstantRegularization(1.0)
+        ),
+    )
+    result, inversion = el.solve.fit_pixelized(imaging, start, log=None)
+    errors = dict(zip(result.names, np.asarray(result.errors), strict=True))
+    theta = float(result.model.mass.components[0].theta_E)
+    assert abs(theta - 1.0) < max(5 * errors["mass.components[0].theta_E"], 3e-3)
+    assert float(result.model.source.regularization.coefficient) != 1.0  # fitted
+    assert bool(inversion.valid) and result.success
+    # the result holds the solved source: it renders the inversion's model
+    image = result.model.image(imaging.grid, imaging.convolution)
+    mask = np.asarray(imaging.mask)
+    assert rel_err(np.asarray(image)[mask], np.asarray(inversion.model_image)[mask]) < 1e-6

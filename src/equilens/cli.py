@@ -171,7 +171,8 @@ def run_fit(
     if source == "pixelized":
         print(f"  pixelized source: {mesh} mesh, {regularization} regularization")
         start = pixelized_model(result.model, pix_mesh, pix_reg)
-        solver_px = "bfgs" if solver == "lm" else solver  # the evidence is not least squares
+        # the evidence is not least squares: lm -> the pipeline's default minimiser
+        solver_px = None if solver == "lm" else solver
         result, inversion = fit_pixelized(
             imaging, start, solver=solver_px, fit_strength=strength is None, progress=progress
         )

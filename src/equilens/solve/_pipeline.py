@@ -13,7 +13,13 @@ from .._lens_system import LensSystem
 from ..data import Imaging
 from ..mass import MassSum
 from ..objective import Objective, select
-from ..source import AbstractMesh, AbstractRegularization, Inversion, PixelizedSource
+from ..source import (
+    AbstractMesh,
+    AbstractRegularization,
+    DelaunayMesh,
+    Inversion,
+    PixelizedSource,
+)
 from ..terms import GaussianLikelihood, LogEvidence
 from ._fit import SolverLike, fit
 from ._result import FitResult
@@ -96,7 +102,7 @@ def _einstein_radius_where(model: LensSystem) -> Callable[[LensSystem], Any]:
 
 
 #: Regularization strengths tried before the evidence fit picks one (`fit_pixelized`).
-COEFFICIENT_GRID = tuple(10.0**k for k in range(-6, 3))
+COEFFICIENT_GRID = tuple(10.0**k for k in range(-9, 3))
 
 
 def pixelized_model(
@@ -118,7 +124,7 @@ def fit_pixelized(
     imaging: Imaging,
     model: LensSystem,
     *,
-    solver: SolverLike = "bfgs",
+    solver: SolverLike | None = None,
     fit_strength: bool = True,
     max_steps: int = 300,
     log: Callable[[str], None] | None = print,
@@ -131,7 +137,9 @@ def fit_pixelized(
     1. with `fit_strength`, the regularization's strength coefficients start at the best
        of `COEFFICIENT_GRID` and are fitted alone (mass held);
     2. the mass (and, with `fit_strength`, the regularization parameters) by `solver`
-       (a minimiser: the evidence has no least-squares form).
+       (a minimiser: the evidence has no least-squares form). The default is BFGS, or adam
+       for a `DelaunayMesh`, whose evidence is only piecewise smooth (the triangulation
+       changes with the mass), which stalls quasi-Newton line searches.
 
     Returns the `FitResult` (solved source and lens-light amplitudes filled in) and the
     final `Inversion` with the source's 1-sigma errors."""
@@ -139,6 +147,8 @@ def fit_pixelized(
     say = log or (lambda _: None)
     if not isinstance(model.source, PixelizedSource):
         raise TypeError("fit_pixelized needs a model whose source is a PixelizedSource")
+    if solver is None:
+        solver = "adam" if isinstance(model.source.mesh, DelaunayMesh) else "bfgs"
     term = LogEvidence(imaging)
     objective = Objective(term)
     dtype = imaging.data.dtype

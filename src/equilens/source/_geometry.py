@@ -144,35 +144,50 @@ def _cell(edges: Float[Array, " k"], v: Float[Array, " m"]) -> tuple[Int[Array, 
 # -- Delaunay: triangulation on the host (scipy), barycentric weights in JAX -------------------
 
 
-def _triangulate_host(nodes: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    from scipy.spatial import Delaunay
+def _delaunay(pts: np.ndarray):
+    """scipy's Delaunay triangulation, or None for nodes it cannot triangulate (non-finite
+    or degenerate positions, e.g. from a solver's trial step far outside the data)."""
+    from scipy.spatial import Delaunay, QhullError
 
+    if not np.all(np.isfinite(pts)):
+        return None
+    try:
+        return Delaunay(pts)
+    except (QhullError, ValueError):
+        return None
+
+
+def _triangulate_host(nodes: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     pts = np.asarray(nodes, dtype=np.float64)
     n = pts.shape[0]
-    tri = Delaunay(pts)
+    edges = np.zeros((3 * n, 2), np.int32)
+    weight = np.zeros(3 * n, np.int32)
+    tri = _delaunay(pts)
+    if tri is None:
+        return edges, weight
     simplices = tri.simplices.astype(np.int32)
     e = np.concatenate([simplices[:, [0, 1]], simplices[:, [1, 2]], simplices[:, [2, 0]]])
     e = np.unique(np.sort(e, axis=1), axis=0)
-    edges = np.zeros((3 * n, 2), np.int32)
-    weight = np.zeros(3 * n, np.int32)
     edges[: e.shape[0]] = e
     weight[: e.shape[0]] = 1
     return edges, weight
 
 
-def _locate_host(nodes: ArrayLike, x: ArrayLike, y: ArrayLike) -> np.ndarray:
-    from scipy.spatial import Delaunay, cKDTree
+def _locate_host(nodes: ArrayLike, x: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    from scipy.spatial import cKDTree
 
     pts = np.asarray(nodes, dtype=np.float64)
     q = np.stack([np.asarray(x, np.float64), np.asarray(y, np.float64)], axis=1)
-    tri = Delaunay(pts)
+    tri = _delaunay(pts)
+    if tri is None or not np.all(np.isfinite(q)):
+        return np.zeros((q.shape[0], 3), np.int32), np.zeros((), np.int32)
     s = tri.find_simplex(q)
     verts = tri.simplices[np.maximum(s, 0)].astype(np.int32)
     out = s < 0
     if out.any():
         nearest = cKDTree(pts).query(q[out])[1].astype(np.int32)
         verts[out] = nearest[:, None]
-    return verts
+    return verts, np.ones((), np.int32)
 
 
 class TriangulationGeometry(AbstractGeometry):
@@ -183,7 +198,9 @@ class TriangulationGeometry(AbstractGeometry):
 
     Points are interpolated with barycentric weights in their triangle (differentiable with
     respect to the points and the nodes); points outside the convex hull take the value of
-    their nearest node."""
+    their nearest node. Nodes that cannot be triangulated (non-finite or degenerate, as a
+    solver's trial step far from the data can give) yield NaN weights, so the inversion
+    reports an invalid (`-inf`) evidence instead of raising."""
 
     fixed: ClassVar[tuple[str, ...]] = ("points", "edges", "edge_weight")
     points: Float[Array, "n 2"]
@@ -213,10 +230,13 @@ class TriangulationGeometry(AbstractGeometry):
     def interpolation(
         self, x: Float[Array, " m"], y: Float[Array, " m"]
     ) -> tuple[Int[Array, "m 3"], Float[Array, "m 3"]]:
-        shape = jax.ShapeDtypeStruct((x.shape[0], 3), jnp.int32)
-        verts = jax.pure_callback(
+        shapes = (
+            jax.ShapeDtypeStruct((x.shape[0], 3), jnp.int32),
+            jax.ShapeDtypeStruct((), jnp.int32),
+        )
+        verts, ok = jax.pure_callback(
             _locate_host,
-            shape,
+            shapes,
             jax.lax.stop_gradient(self.points),
             jax.lax.stop_gradient(x),
             jax.lax.stop_gradient(y),
@@ -234,7 +254,9 @@ class TriangulationGeometry(AbstractGeometry):
         v = (ax * dy - ay * dx) / safe
         w = jnp.stack([1 - u - v, u, v], axis=1)
         one = jnp.zeros_like(w).at[:, 0].set(1.0)
-        return verts, jnp.where(single[:, None], one, w)
+        w = jnp.where(single[:, None], one, w)
+        # nodes the host could not triangulate: NaN weights make the evidence invalid
+        return verts, jnp.where(ok > 0, w, jnp.nan)
 
     def gradient_rows(self) -> SparseRows:
         w = self.edge_weight.astype(self.points.dtype)

@@ -12,6 +12,7 @@ from ._base import (
 from ._evidence import LogEvidence as LogEvidence, with_inversion as with_inversion
 from ._imaging import (
     AbstractImagingTerm as AbstractImagingTerm,
+    AbstractParametricImagingTerm as AbstractParametricImagingTerm,
     GaussianLikelihood as GaussianLikelihood,
     PoissonLikelihood as PoissonLikelihood,
     solve_amplitudes as solve_amplitudes,

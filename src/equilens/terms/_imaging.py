@@ -11,6 +11,7 @@ from jaxtyping import Array, Float, Int, Scalar
 
 from .._lens_system import LensSystem
 from ..data import Imaging
+from ..source import PixelizedSource
 from ._base import AbstractLeastSquaresTerm, AbstractTerm
 
 # Coordinate-descent sweeps of the non-negative least-squares solve (a few linear
@@ -95,8 +96,36 @@ class AbstractImagingTerm(AbstractTerm):
     nonnegative: eqx.AbstractVar[bool]
     pixels: eqx.AbstractVar[Int[Array, " n"]]
 
+    @abc.abstractmethod
     def model_image(self, system: LensSystem) -> Float[Array, "ny nx"]:
-        """The model image (flux per pixel) of `system`, amplitudes solved if `linear`."""
+        """The model image (flux per pixel) of `system` the likelihood compares with the
+        data (with any linearly solved part solved)."""
+
+    @abc.abstractmethod
+    def complete(self, system: LensSystem) -> LensSystem:
+        """`system` with what the term solves linearly filled in."""
+
+    @property
+    def n_data(self) -> int:
+        """Number of pixels in the mask."""
+        return int(self.pixels.shape[0])
+
+    @abc.abstractmethod
+    def chi2(self, system: LensSystem) -> Scalar:
+        """Sum over the mask of the squared normalised residuals `((d - m) / noise)^2`."""
+
+
+class AbstractParametricImagingTerm(AbstractImagingTerm):
+    """An imaging term whose model is `LensSystem.image`, with the amplitudes of linear
+    light components solved by `solve_amplitudes` when `linear`."""
+
+    def model_image(self, system: LensSystem) -> Float[Array, "ny nx"]:
+        """The model image (flux per pixel) of `system`, amplitudes solved if `linear`.
+        Raises `TypeError` for a pixelized source (solved by `equilens.LogEvidence`)."""
+        if isinstance(system.source, PixelizedSource):
+            raise TypeError(
+                f"{type(self).__name__} cannot solve a PixelizedSource: use equilens.LogEvidence"
+            )
         if self.linear:
             return solve_amplitudes(
                 system, self.imaging, nonnegative=self.nonnegative, pixels=self.pixels
@@ -111,17 +140,8 @@ class AbstractImagingTerm(AbstractTerm):
             )[0]
         return system
 
-    @property
-    def n_data(self) -> int:
-        """Number of pixels in the mask."""
-        return int(self.pixels.shape[0])
 
-    @abc.abstractmethod
-    def chi2(self, system: LensSystem) -> Scalar:
-        """Sum over the mask of the squared normalised residuals `((d - m) / noise)^2`."""
-
-
-class GaussianLikelihood(AbstractImagingTerm, AbstractLeastSquaresTerm):
+class GaussianLikelihood(AbstractParametricImagingTerm, AbstractLeastSquaresTerm):
     """Gaussian likelihood of the pixels in the mask:
 
         -log L = 0.5 sum ((d - m) / noise)^2 + 0.5 sum log(2 pi noise^2),
@@ -162,7 +182,7 @@ class GaussianLikelihood(AbstractImagingTerm, AbstractLeastSquaresTerm):
         return jnp.sum(r * r)
 
 
-class PoissonLikelihood(AbstractImagingTerm):
+class PoissonLikelihood(AbstractParametricImagingTerm):
     """Poisson likelihood of the counts in the mask:
 
         -log L = sum [lam - c log lam + log Gamma(c + 1)],
