@@ -65,5 +65,9 @@ def docs(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks: prints equilens and lenstronomy timings and their ratios."""
     session.install("-e", ".[bench]")
-    for script in ("benchmarks/bench_forward.py", "benchmarks/bench_fit.py"):
+    for script in (
+        "benchmarks/bench_forward.py",
+        "benchmarks/bench_fit.py",
+        "benchmarks/bench_pixelized.py",
+    ):
         session.run("python", script, *session.posargs)

@@ -149,9 +149,9 @@ def run_fit(
     from .plot import plot_fit, plot_reconstruction
     from .solve import fit_lens, fit_pixelized, pixelized_model, write_json
 
-    if source == "pixelized":
-        pix_mesh = make_mesh(mesh, imaging)
-        pix_reg = make_regularization(regularization, strength)
+    # pixelized: build (and so check) the mesh and regularization before any fitting
+    pix_mesh = make_mesh(mesh, imaging) if source == "pixelized" else None
+    pix_reg = make_regularization(regularization, strength) if source == "pixelized" else None
 
     t0 = time.perf_counter()
     print(
@@ -168,7 +168,7 @@ def run_fit(
     base = os.path.splitext(json_path)[0]
     png = base + ".png"
     out = {"json": json_path, "png": png}
-    if source == "pixelized":
+    if pix_mesh is not None and pix_reg is not None:
         print(f"  pixelized source: {mesh} mesh, {regularization} regularization")
         start = pixelized_model(result.model, pix_mesh, pix_reg)
         # the evidence is not least squares: lm -> the pipeline's default minimiser

@@ -62,10 +62,12 @@ def _scaled(
 
 def _check_positive(name: str, value: ScalarLike) -> FloatScalar:
     v = as_float(value)
-    if isinstance(v, jax.core.Tracer):  # built under a transformation: bounds hold it
+    try:
+        concrete = float(v)
+    except jax.errors.ConcretizationTypeError:  # built under a transformation: bounds hold it
         return v
-    if not float(v) > 0:
-        raise ValueError(f"{name} must be > 0, got {float(v)}")
+    if not concrete > 0:
+        raise ValueError(f"{name} must be > 0, got {concrete}")
     return v
 
 

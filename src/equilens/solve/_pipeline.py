@@ -115,9 +115,9 @@ def pixelized_model(
 
 
 def _strength_where(system: LensSystem) -> Callable[[LensSystem], Any]:
-    reg = system.source.regularization
-    names = [n for n in type(reg).bounds if n.endswith("coefficient")]
-    return lambda s: tuple(getattr(s.source.regularization, n) for n in names)
+    assert isinstance(system.source, PixelizedSource)
+    names = [n for n in type(system.source.regularization).bounds if n.endswith("coefficient")]
+    return lambda s: tuple(getattr(s.source.regularization, n) for n in names)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def fit_pixelized(
@@ -166,14 +166,14 @@ def fit_pixelized(
             objective,
             model,
             solver,
-            free=select(model, lambda s: s.source.regularization),
+            free=select(model, lambda s: s.source.regularization),  # pyright: ignore[reportAttributeAccessIssue]
             max_steps=max_steps,
             throw=False,
             progress=progress,
         )
         model = r.model
         say(f"  stage 1 (regularization): log evidence {-float(r.value):.1f}")
-    free = select(model, lambda s: (s.mass, s.source.regularization) if fit_strength else s.mass)
+    free = select(model, lambda s: (s.mass, s.source.regularization) if fit_strength else s.mass)  # pyright: ignore[reportAttributeAccessIssue]
     r = fit(
         objective, model, solver, free=free, max_steps=max_steps, throw=False, progress=progress
     )

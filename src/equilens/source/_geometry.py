@@ -174,7 +174,7 @@ def _triangulate_host(nodes: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _locate_host(nodes: ArrayLike, x: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    from scipy.spatial import cKDTree
+    from scipy.spatial import KDTree
 
     pts = np.asarray(nodes, dtype=np.float64)
     q = np.stack([np.asarray(x, np.float64), np.asarray(y, np.float64)], axis=1)
@@ -185,7 +185,7 @@ def _locate_host(nodes: ArrayLike, x: ArrayLike, y: ArrayLike) -> tuple[np.ndarr
     verts = tri.simplices[np.maximum(s, 0)].astype(np.int32)
     out = s < 0
     if out.any():
-        nearest = cKDTree(pts).query(q[out])[1].astype(np.int32)
+        nearest = np.asarray(KDTree(pts).query(q[out])[1], dtype=np.int32)
         verts[out] = nearest[:, None]
     return verts, np.ones((), np.int32)
 
