@@ -522,3 +522,41 @@ def test_evidence_fit_recovers_the_mass_and_fills_in_the_source():
     image = result.model.image(imaging.grid, imaging.convolution)
     mask = np.asarray(imaging.mask)
     assert rel_err(np.asarray(image)[mask], np.asarray(inversion.model_image)[mask]) < 1e-6
+
+
+@pytest.mark.x64_only
+def test_batched_evidence_fits_run_for_every_mesh_kind():
+    truth = mass.SIE(theta_E=1.0, e1=0.08, e2=-0.03)
+    grid = el.Grid((40, 40), pixel_scale=PS)
+    psf = el.GaussianPSF(fwhm=0.1, pixel_scale=PS, truncation=3.0)
+    source = light.Sersic(amp=15.0, R_sersic=0.15, n_sersic=1.0, e1=0.2, center_x=0.03)
+    imaging = el.simulate(
+        jax.random.key(1),
+        el.LensSystem(mass=truth, source=source),
+        grid,
+        psf,
+        exposure_time=2000.0,
+        sky_level=1.0,
+        mask=grid.annular_mask(0.4, 0.95),
+    )
+    objective = el.Objective(el.LogEvidence(imaging))
+    meshes = [
+        el.AdaptiveRectangularMesh((8, 8)),
+        el.DelaunayMesh.from_mask(grid, np.asarray(imaging.mask), 60),
+    ]
+    for mesh in meshes:
+        starts = [
+            el.LensSystem(
+                mass=mass.SIE(theta_E=t, e1=0.05, e2=0.0),
+                source=el.PixelizedSource(mesh, el.ConstantRegularization(1e-3)),
+            )
+            for t in (0.97, 1.03)
+        ]
+        free = el.select(starts[0], lambda s: (s.mass.theta_E, s.source.regularization))
+        batch = jax.tree.map(lambda *x: jnp.stack(x), *starts)
+        result = el.fit_batch(objective, batch, "adam", free=free, max_steps=100)
+        theta = np.asarray(result.model.mass.theta_E)
+        assert theta.shape == (2,) and np.all(np.isfinite(np.asarray(result.value)))
+        assert np.all(np.abs(theta - 1.0) < 0.05), theta  # both starts move to the lens
+        if isinstance(mesh, el.AdaptiveRectangularMesh):
+            assert np.all(np.abs(theta - 1.0) < 0.01), theta
