@@ -3,7 +3,8 @@
 Data: 100x100 pixels at 0.05", 3" circular mask (9,504 pixels), 21x21 pixelated Gaussian PSF,
 an isothermal lens (theta_E = 1.2") and a Sersic source with noise, float64. Source: a 32x32
 `RectangularMesh` and a ~1,000-node `DelaunayMesh`, constant regularization. For each mesh
-and each route of the curvature matrix ("dense", "w_tilde"): the first call (compile + run)
+and each route of the curvature matrix ("dense", "w_tilde", "sparse"): the first call
+(compile + run)
 and the median of repeated calls of the log-evidence and of its value-and-gradient with
 respect to the mass parameters and the regularization strength, and the compiled
 computation's memory (XLA's temporaries + arguments + outputs).
@@ -74,7 +75,8 @@ def main() -> None:
         "delaunay": el.DelaunayMesh.from_mask(grid, mask, 1000),
     }
     terms = {}
-    for route in ("dense", "w_tilde"):
+    routes = ("dense", "w_tilde", "sparse")
+    for route in routes:
         t0 = time.perf_counter()
         terms[route] = el.LogEvidence(data, route=route)
         terms[route + "_setup"] = time.perf_counter() - t0
@@ -103,7 +105,10 @@ def main() -> None:
         total = stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes
         return total / 2**20
 
-    print(f"w-tilde table precomputed once per dataset: {terms['w_tilde_setup']:.2f} s")
+    print(
+        f"precomputed once per dataset: w-tilde table {terms['w_tilde_setup']:.2f} s, sparse "
+        f"tiles {terms['sparse_setup']:.2f} s"
+    )
     print(
         f"{'mesh':<20}{'route':<9}{'n_src':>6}{'value':>10}{'compile':>9}{'val+grad':>10}"
         f"{'compile':>9}{'memory':>10}"
@@ -114,7 +119,7 @@ def main() -> None:
             mass=lens, source=el.PixelizedSource(mesh, el.ConstantRegularization(1e-3))
         )
         params = tuple(jax.numpy.asarray(v) for v in (1.2, 0.0, 0.0, 1e-3))
-        for route in ("dense", "w_tilde"):
+        for route in routes:
             term = terms[route]
             f = jax.jit(value)
             g = jax.jit(jax.value_and_grad(value, argnums=1))
@@ -126,12 +131,14 @@ def main() -> None:
                 f"{name:<20}{route:<9}{mesh.n_pixels:>6}{med_v * 1e3:>8.1f}ms"
                 f"{first_v:>8.1f}s{med_g * 1e3:>8.1f}ms{first_g:>8.1f}s{mem:>8.0f}MiB"
             )
-        dense, wt = results[(name, "dense")], results[(name, "w_tilde")]
-        faster = "w_tilde" if wt[0] < dense[0] else "dense"
-        print(
-            f"  {name}: dense/w_tilde time ratio {dense[0] / wt[0]:.2f} (value), "
-            f"{dense[1] / wt[1]:.2f} (value+grad): {faster} is faster here"
+        best = min(routes, key=lambda r: results[(name, r)][0])
+        ratios = ", ".join(
+            f"{r}/{best} {results[(name, r)][0] / results[(name, best)][0]:.1f}x"
+            f" ({results[(name, r)][1] / results[(name, best)][1]:.1f}x with gradient)"
+            for r in routes
+            if r != best
         )
+        print(f"  {name}: fastest route {best}; {ratios}")
 
     python = os.environ.get("AUTOLENS_PYTHON")
     if not python:
@@ -163,7 +170,7 @@ def main() -> None:
         print(f"PyAutoLens: could not run ({tail[0]})")
         return
     al = json.loads(lines[-1])
-    ours = min(results[("rectangular 32x32", r)][0] for r in ("dense", "w_tilde"))
+    ours = min(results[("rectangular 32x32", r)][0] for r in routes)
     print(f"PyAutoLens {al['version']}, rectangular 32x32, same arrays ({pinned}):")
     for path_name in ("mapping", "sparse"):
         if path_name in al:

@@ -17,6 +17,7 @@ from ..source._geometry import (
     rect_operator_matrix,
     sparse_gram,
 )
+from ..source._inversion import inverse_from_factor, logdet_factor, logdet_psd
 from ..source._pixelized import AbstractRegularization
 
 #: Ridge added to the (singular) difference operators: `H = lambda (G^T G + RIDGE I)`, so
@@ -25,12 +26,6 @@ from ..source._pixelized import AbstractRegularization
 RIDGE = 1e-8
 
 _POSITIVE = (0.0, math.inf)
-
-
-def logdet_psd(matrix: Float[Array, "n n"]) -> Scalar:
-    """`log det` of a symmetric positive-definite matrix by Cholesky (NaN if it is not)."""
-    chol = jnp.linalg.cholesky(matrix)
-    return 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol)))
 
 
 @functools.cache
@@ -162,10 +157,9 @@ def _gp_matrix(
     n = kernel.shape[0]
     k = kernel + jitter * jnp.eye(n, dtype=kernel.dtype)
     chol = jnp.linalg.cholesky(k)
-    eye = jnp.eye(n, dtype=kernel.dtype)
-    inv = jnp.linalg.solve(chol.T, jnp.linalg.solve(chol, eye))
+    inv = inverse_from_factor(chol, lower=True)
     inv = 0.5 * (inv + inv.T)
-    logdet_k = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol)))
+    logdet_k = logdet_factor(k, chol, True)
     return coefficient * inv, n * jnp.log(coefficient) - logdet_k
 
 

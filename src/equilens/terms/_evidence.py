@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, Scalar
 
+from .._autodiff import reverse_mode_scalar
 from .._lens_system import LensSystem
 from ..data import Imaging
 from ..psf import FFTConvolution
@@ -21,9 +22,10 @@ from ..source._inversion import (
     w_tilde_table,
 )
 from ..source._pixelized import PixelizedSource
+from ..source._sparse import SparseTables, numba_available, sparse_gram, sparse_tables
 from ._imaging import AbstractImagingTerm, _used_pixels
 
-ROUTES = ("auto", "dense", "w_tilde")
+ROUTES = ("auto", "dense", "w_tilde", "sparse")
 # The largest banded W~ table "auto" precomputes (bytes: indices + values).
 _W_TILDE_MAX_BYTES = 2**30
 # Route costs measured on one CPU core (benchmarks/bench_pixelized.py, float64): seconds
@@ -68,6 +70,7 @@ class LogEvidence(AbstractImagingTerm):
     transpose: FFTConvolution
     neighbours: Int[Array, "p o"] | None
     w_tilde: Float[Array, "p o"] | None
+    tables: SparseTables | None
     route: str = eqx.field(static=True)
 
     def __init__(
@@ -112,10 +115,18 @@ class LogEvidence(AbstractImagingTerm):
         self.transpose = FFTConvolution(
             jnp.asarray(kernel[::-1, ::-1], imaging.data.dtype), (ny, nx)
         )
+        on_cpu = jax.default_backend() == "cpu"
+        if route == "sparse" and not numba_available():
+            raise ImportError(
+                "route='sparse' needs Numba: pip install 'equilens[numba]' (or numba)"
+            )
+        self.tables = None
+        if route == "sparse" or (route == "auto" and on_cpu and numba_available()):
+            self.tables = sparse_tables(kernel, grid.shape, np.asarray(self.pixels), mapped)
         k2 = (2 * (kernel.shape[0] // 2) + 1) * (2 * (kernel.shape[1] // 2) + 1)
         size = mapped.shape[0] * 4 * k2 * 16
         want = route == "w_tilde" or (
-            route == "auto" and jax.default_backend() == "cpu" and size <= _W_TILDE_MAX_BYTES
+            route == "auto" and on_cpu and self.tables is None and size <= _W_TILDE_MAX_BYTES
         )
         if want:
             noise = np.asarray(imaging.noise_map)
@@ -129,18 +140,24 @@ class LogEvidence(AbstractImagingTerm):
 
     def route_for(self, n_source: int, n_weights: int) -> str:
         """The route used for `n_source` source pixels with `n_weights` interpolation
-        weights per image pixel ("dense" or "w_tilde")."""
+        weights per image pixel ("dense", "w_tilde" or "sparse")."""
         if self.route != "auto":
             return self.route
+        if self.tables is not None:
+            return "sparse"
         if self.w_tilde is None:
             return "dense"
         dense = _DENSE_COST * n_source**2 * self.pixels.shape[0]
         banded = _W_TILDE_COST * self.w_tilde.size * n_weights
         return "dense" if dense <= banded else "w_tilde"
 
-    def invert(self, system: LensSystem, errors: bool = False) -> Inversion:
+    def invert(
+        self, system: LensSystem, errors: bool = False, route: str | None = None
+    ) -> Inversion:
         """Solves for the source (and linear lens light) of `system`; with `errors`, also
-        the 1-sigma errors of the source values (one more `n^3` solve)."""
+        the 1-sigma errors of the source values (one more `n^3` solve). `route` overrides
+        the term's route ("dense" always works; "w_tilde" and "sparse" need their tables,
+        built by `LogEvidence(..., route=...)` or "auto")."""
         src = system.source
         if not isinstance(src, PixelizedSource):
             raise TypeError(
@@ -174,13 +191,22 @@ class LogEvidence(AbstractImagingTerm):
         target = data.reshape(-1)[self.pixels] * inv_sigma
         light = images.reshape(n_lin, ny * nx)[:, self.pixels] * inv_sigma[None, :]
 
-        route = self.route_for(n_s, k)
+        if route is None:
+            route = self.route_for(n_s, k)
+        elif route not in ROUTES[1:]:
+            raise ValueError(f"route must be one of {ROUTES[1:]}, got {route!r}")
         if route == "dense":
             blurred = blur_mapping(idx, w, n_s, self.mapped, conv)
             c = blurred.reshape(n_s, ny * nx)[:, self.pixels] * inv_sigma[None, :]
             curvature = c @ c.T
             d_source = c @ target
             cross = c @ light.T
+        elif route == "sparse":
+            if self.tables is None:
+                raise ValueError("route 'sparse' needs LogEvidence(..., route='sparse')")
+            values = jnp.concatenate([target[:, None], light.T], axis=1)
+            curvature, projected = sparse_gram(idx, w, values, inv_sigma, n_s, self.tables)
+            d_source, cross = projected[:, 0], projected[:, 1:]
         else:
             if self.w_tilde is None or self.neighbours is None:
                 raise ValueError("route 'w_tilde' needs LogEvidence(..., route='w_tilde')")
@@ -243,7 +269,12 @@ class LogEvidence(AbstractImagingTerm):
         )
 
     def __call__(self, model: LensSystem) -> Scalar:
-        return -self.invert(model).log_evidence
+        if self.tables is not None and self.route in ("auto", "sparse"):
+            # The sparse route's host kernels have a reverse-mode rule only: forward mode
+            # (`jax.linearize`, what the optimistix minimisers use) is built on it, and
+            # Hessians go through the dense route (the same function in pure JAX).
+            return reverse_mode_scalar(_minus_log_evidence, _minus_log_evidence_dense, self, model)
+        return _minus_log_evidence(self, model)
 
     def log_evidence(self, system: LensSystem) -> Scalar:
         """The log evidence (`-term(system)`); `-inf` for a singular system."""
@@ -258,6 +289,14 @@ class LogEvidence(AbstractImagingTerm):
 
     def chi2(self, system: LensSystem) -> Scalar:
         return self.invert(system).chi2
+
+
+def _minus_log_evidence(term: LogEvidence, model: LensSystem) -> Scalar:
+    return -term.invert(model).log_evidence
+
+
+def _minus_log_evidence_dense(term: LogEvidence, model: LensSystem) -> Scalar:
+    return -term.invert(model, route="dense").log_evidence
 
 
 def with_inversion(system: LensSystem, inv: Inversion) -> LensSystem:

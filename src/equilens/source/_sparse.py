@@ -1,0 +1,256 @@
+"""The "sparse" route of the curvature matrix: `F = C^T C` and `E = C^T V` with
+`C = W^(1/2) B M`, computed tile by tile on the host CPU by Numba kernels (a JAX
+`pure_callback` with a custom vector-Jacobian product).
+
+The image is cut into `T x T` tiles. For one tile, the rows of `C` (its mask pixels) are
+lit only by the mapped pixels within a PSF half-width of it, which map to a small set `S`
+of source pixels: the block `C[tile, S]` is built densely (one length-`T^2` axpy of a
+tabulated PSF column per interpolation weight), then `F[S, S] += C_t C_t^T` and
+`E[S] += C_t V_t` by BLAS. The cost is `O(n_mask ((T + 2h)^2 k + |S|^2))`: it never touches
+the `n_mask x n_source` product of the "dense" route nor the `(2K-1)^2` neighbours per
+pixel of the "w_tilde" route. The backward pass rebuilds each block and forms
+`dC = (Fbar + Fbar^T) C + Ebar V^T`, then `wbar[p, i] = <dC[a_pi], psf column>` and
+`Vbar = C^T Ebar`.
+
+Tiles are split into one chunk per Numba thread, each chunk with its own accumulator
+(`numba.set_num_threads` or `NUMBA_NUM_THREADS` sets how many cores are used).
+"""
+
+import functools
+import os
+import threading
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+#: Tile side (pixels) of the sparse route; 8 measured fastest on one CPU core for 21x21
+#: PSFs (benchmarks/bench_pixelized.py).
+TILE = 8
+
+
+def numba_available() -> bool:
+    """Whether Numba can be imported (the "sparse" route needs it)."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class SparseTables(eqx.Module):
+    """Per-dataset tables of the tiled route (built once, NumPy): for each tile the mask
+    pixel (row of `C`, index into the mask pixels; -1 for none) at each of its `T^2`
+    positions, and the mapped pixels (rows of the interpolation arrays) that light it with
+    the index of their offset in `psf_columns` (`(n_offsets, T^2)`: the PSF weight of a
+    mapped pixel at that offset from the tile's corner on each tile position)."""
+
+    tile_rows: Int[Array, "n_tiles t2"]
+    input_ptr: Int[Array, " n_tiles_plus_1"]
+    input_pixel: Int[Array, " n_inputs"]
+    input_offset: Int[Array, " n_inputs"]
+    psf_columns: Float[Array, "n_offsets t2"]
+
+
+def sparse_tables(
+    kernel: Float[np.ndarray, "ky kx"],
+    shape: tuple[int, int],
+    pixels: Int[np.ndarray, " n"],
+    mapped: Int[np.ndarray, " p"],
+    tile: int = TILE,
+) -> SparseTables:
+    """Builds the tiled route's tables for a `kernel` on an image of `shape`, mask pixels
+    `pixels` (flat indices; the rows of `C`) and mapped pixels `mapped` (flat indices; the
+    rows of the interpolation arrays)."""
+    k = np.asarray(kernel, dtype=np.float64)
+    ky, kx = k.shape
+    hy, hx = ky // 2, kx // 2
+    ny, nx = shape
+    wy, wx = tile + 2 * hy, tile + 2 * hx
+    # psf[o, s]: weight of a mapped pixel at offset o = (dy, dx) (from the tile corner
+    # minus the half-widths) on tile position s = (sy, sx): kernel[sy - dy + 2hy, ...]
+    # (a convolution: out(r) = sum_q kernel(r - q + h) in(q)).
+    dy, dx = np.divmod(np.arange(wy * wx), wx)
+    sy, sx = np.divmod(np.arange(tile * tile), tile)
+    ry = sy[None, :] - dy[:, None] + 2 * hy
+    rx = sx[None, :] - dx[:, None] + 2 * hx
+    inside = (ry >= 0) & (ry < ky) & (rx >= 0) & (rx < kx)
+    psf = np.where(inside, k[np.clip(ry, 0, ky - 1), np.clip(rx, 0, kx - 1)], 0.0)
+    used = np.any(psf != 0.0, axis=1)
+    compact = np.full(wy * wx, -1, dtype=np.int64)
+    compact[used] = np.arange(int(used.sum()))
+    psf = psf[used]
+
+    row_of = np.full(ny * nx, -1, dtype=np.int64)
+    row_of[pixels] = np.arange(pixels.shape[0])
+    input_of = np.full(ny * nx, -1, dtype=np.int64)
+    input_of[mapped] = np.arange(mapped.shape[0])
+    rows_2d = row_of.reshape(ny, nx)
+    inputs_2d = input_of.reshape(ny, nx)
+
+    tile_rows, ptr, pix, off = [], [0], [], []
+    for r0 in range(0, ny, tile):
+        for c0 in range(0, nx, tile):
+            rows = np.full((tile, tile), -1, dtype=np.int64)
+            block = rows_2d[r0 : r0 + tile, c0 : c0 + tile]
+            rows[: block.shape[0], : block.shape[1]] = block
+            if np.all(rows < 0):
+                continue
+            qy0, qx0 = r0 - hy, c0 - hx
+            ya, xa = max(qy0, 0), max(qx0, 0)
+            window = inputs_2d[ya : qy0 + wy, xa : qx0 + wx]
+            wyy, wxx = np.nonzero(window >= 0)
+            o = compact[(wyy + ya - qy0) * wx + (wxx + xa - qx0)]
+            keep = o >= 0
+            tile_rows.append(rows.reshape(-1))
+            pix.append(window[wyy, wxx][keep])
+            off.append(o[keep])
+            ptr.append(ptr[-1] + int(keep.sum()))
+    return SparseTables(
+        tile_rows=jnp.asarray(np.stack(tile_rows)),
+        input_ptr=jnp.asarray(np.asarray(ptr, dtype=np.int64)),
+        input_pixel=jnp.asarray(np.concatenate(pix)),
+        input_offset=jnp.asarray(np.concatenate(off)),
+        psf_columns=jnp.asarray(psf),
+    )
+
+
+@functools.cache
+def _kernels():
+    """The forward and backward Numba kernels (compiled on first use, cached on disk)."""
+    from . import _sparse_kernels
+
+    return _sparse_kernels.forward, _sparse_kernels.backward
+
+
+# Numba's default threading layer must not be entered from two threads at once (JAX may
+# run two callbacks concurrently): kernel calls are serialised.
+_LOCK = threading.Lock()
+
+
+def _threads() -> int:
+    """Numba's thread count, at most the cores this process may run on."""
+    import numba
+
+    n = int(numba.get_num_threads())
+    if hasattr(os, "sched_getaffinity"):
+        n = min(n, len(os.sched_getaffinity(0)))
+    return max(n, 1)
+
+
+def _host_forward(idx, w, values, inv_sigma, n_s, tables):
+    forward, _ = _kernels()
+    dtype = w.dtype
+    with _LOCK:
+        f, e = forward(
+            _threads(),
+            np.asarray(idx, dtype=np.int64),
+            np.asarray(w, dtype=np.float64),
+            np.asarray(values, dtype=np.float64),
+            np.asarray(inv_sigma, dtype=np.float64),
+            int(n_s),
+            *(np.asarray(t) for t in tables),
+        )
+    return f.astype(dtype, copy=False), e.astype(dtype, copy=False)
+
+
+def _host_backward(idx, w, values, inv_sigma, f_bar, e_bar, tables):
+    _, backward = _kernels()
+    dtype = w.dtype
+    with _LOCK:
+        w_bar, v_bar = backward(
+            _threads(),
+            np.asarray(idx, dtype=np.int64),
+            np.asarray(w, dtype=np.float64),
+            np.asarray(values, dtype=np.float64),
+            np.asarray(inv_sigma, dtype=np.float64),
+            np.asarray(f_bar, dtype=np.float64),
+            np.asarray(e_bar, dtype=np.float64),
+            *(np.asarray(t) for t in tables),
+        )
+    return w_bar.astype(dtype, copy=False), v_bar.astype(dtype, copy=False)
+
+
+def _table_arrays(tables: SparseTables) -> tuple[Array, ...]:
+    return (
+        tables.tile_rows,
+        tables.input_ptr,
+        tables.input_pixel,
+        tables.input_offset,
+        tables.psf_columns,
+    )
+
+
+def _forward_callback(idx, w, values, inv_sigma, n_s, tables):
+    dtype = w.dtype
+    shapes = (
+        jax.ShapeDtypeStruct((n_s, n_s), dtype),
+        jax.ShapeDtypeStruct((n_s, values.shape[1]), dtype),
+    )
+    host = functools.partial(_host_forward, n_s=n_s)
+    return jax.pure_callback(
+        lambda i, ww, v, s, *t: host(i, ww, v, s, tables=t),
+        shapes,
+        idx,
+        w,
+        values,
+        inv_sigma,
+        *_table_arrays(tables),
+        vmap_method="sequential",
+    )
+
+
+@eqx.filter_custom_vjp
+def _sparse_gram(diff, idx, inv_sigma, n_s, tables):
+    w, values = diff
+    return _forward_callback(idx, w, values, inv_sigma, n_s, tables)
+
+
+@_sparse_gram.def_fwd
+def _sparse_gram_fwd(perturbed, diff, idx, inv_sigma, n_s, tables):
+    del perturbed
+    w, values = diff
+    return _forward_callback(idx, w, values, inv_sigma, n_s, tables), None
+
+
+@_sparse_gram.def_bwd
+def _sparse_gram_bwd(residuals, g, perturbed, diff, idx, inv_sigma, n_s, tables):
+    del residuals, perturbed
+    w, values = diff
+    f_bar, e_bar = g
+    # a symbolic-zero cotangent arrives as None: materialise it
+    f_bar = jnp.zeros((n_s, n_s), w.dtype) if f_bar is None else f_bar
+    e_bar = jnp.zeros((n_s, values.shape[1]), w.dtype) if e_bar is None else e_bar
+    f_bar = jnp.broadcast_to(f_bar, (n_s, n_s))
+    e_bar = jnp.broadcast_to(e_bar, (n_s, values.shape[1]))
+    shapes = (jax.ShapeDtypeStruct(w.shape, w.dtype), jax.ShapeDtypeStruct(values.shape, w.dtype))
+    return jax.pure_callback(
+        lambda i, ww, v, s, fb, eb, *t: _host_backward(i, ww, v, s, fb, eb, t),
+        shapes,
+        idx,
+        w,
+        values,
+        inv_sigma,
+        f_bar,
+        e_bar,
+        *_table_arrays(tables),
+        vmap_method="sequential",
+    )
+
+
+def sparse_gram(
+    idx: Int[Array, "p k"],
+    w: Float[Array, "p k"],
+    values: Float[Array, "n m"],
+    inv_sigma: Float[Array, " n"],
+    n_source: int,
+    tables: SparseTables,
+) -> tuple[Float[Array, "n_source n_source"], Float[Array, "n_source m"]]:
+    """`F = C^T C` and `E = C^T V` with `C = W^(1/2) B M` (`n` mask pixels x `n_source`),
+    for the interpolation `idx`, `w` over the mapped pixels and `V = values` on the mask
+    pixels; differentiable (reverse mode) in `w` and `values`, not in the noise or the
+    PSF (data). Runs on the host CPU (Numba)."""
+    fixed = jax.lax.stop_gradient((inv_sigma, tables))
+    return _sparse_gram((w, values), idx, fixed[0], n_source, fixed[1])

@@ -1,0 +1,206 @@
+"""Numba kernels of the tiled "sparse" curvature route (see `equilens.source._sparse`).
+
+Imported only when that route runs, so that Numba stays an optional dependency. The
+kernels are private and marked `no_type_check` (the test suite's jaxtyping import hook
+would otherwise wrap them, which Numba cannot compile or cache).
+"""
+
+from typing import no_type_check
+
+import numba
+import numpy as np
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
+def build_block(
+    t,
+    idx,
+    w,
+    tile_rows,
+    input_ptr,
+    input_pixel,
+    input_offset,
+    psf,
+    inv_sigma,
+    local,
+    members,
+    block,
+):
+    # C[tile, S] into block[:n_local] (members: the source pixels of S)
+    t2 = tile_rows.shape[1]
+    k = idx.shape[1]
+    n_s = local.shape[0]
+    n_local = 0
+    for j in range(input_ptr[t], input_ptr[t + 1]):
+        p = input_pixel[j]
+        o = input_offset[j]
+        for i in range(k):
+            a = idx[p, i]
+            wt = w[p, i]
+            if a < 0 or a >= n_s:
+                continue
+            row = local[a]
+            if row < 0:
+                row = n_local
+                local[a] = row
+                members[row] = a
+                n_local += 1
+                for s in range(t2):
+                    block[row, s] = wt * psf[o, s]
+            else:
+                for s in range(t2):
+                    block[row, s] += wt * psf[o, s]
+    for s in range(t2):
+        r = tile_rows[t, s]
+        sig = inv_sigma[r] if r >= 0 else 0.0
+        for a in range(n_local):
+            block[a, s] *= sig
+    return n_local
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+@no_type_check
+def forward(
+    n_threads, idx, w, values, inv_sigma, n_s, tile_rows, input_ptr, input_pixel, input_offset, psf
+):
+    n_tiles, t2 = tile_rows.shape
+    m = values.shape[1]
+    n_chunks = max(1, min(n_threads, n_tiles))
+    f_parts = np.zeros((n_chunks, n_s, n_s))
+    e_parts = np.zeros((n_chunks, n_s, m))
+    for c in numba.prange(n_chunks):
+        local = np.full(n_s, -1, dtype=np.int64)
+        members = np.empty(n_s, dtype=np.int64)
+        block = np.empty((n_s, t2))
+        vt = np.empty((t2, m))
+        f = f_parts[c]
+        e = e_parts[c]
+        for t in range(c * n_tiles // n_chunks, (c + 1) * n_tiles // n_chunks):
+            n_local = build_block(
+                t,
+                idx,
+                w,
+                tile_rows,
+                input_ptr,
+                input_pixel,
+                input_offset,
+                psf,
+                inv_sigma,
+                local,
+                members,
+                block,
+            )
+            if n_local == 0:
+                continue
+            for s in range(t2):
+                r = tile_rows[t, s]
+                for q in range(m):
+                    vt[s, q] = values[r, q] if r >= 0 else 0.0
+            ct = block[:n_local]
+            g = np.dot(ct, ct.T)
+            ev = np.dot(ct, vt)
+            for a in range(n_local):
+                ma = members[a]
+                for b in range(n_local):
+                    f[ma, members[b]] += g[a, b]
+                for q in range(m):
+                    e[ma, q] += ev[a, q]
+                local[ma] = -1
+    f = f_parts[0]
+    e = e_parts[0]
+    for c in range(1, n_chunks):
+        f += f_parts[c]
+        e += e_parts[c]
+    return f, e
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+@no_type_check
+def backward(
+    n_threads,
+    idx,
+    w,
+    values,
+    inv_sigma,
+    f_bar,
+    e_bar,
+    tile_rows,
+    input_ptr,
+    input_pixel,
+    input_offset,
+    psf,
+):
+    n_tiles, t2 = tile_rows.shape
+    n_s = f_bar.shape[0]
+    m = values.shape[1]
+    k = idx.shape[1]
+    w_bar = np.zeros(w.shape)
+    v_bar = np.zeros(values.shape)
+    n_chunks = max(1, min(n_threads, n_tiles))
+    w_parts = np.zeros((n_chunks, w.shape[0], k))
+    for c in numba.prange(n_chunks):
+        local = np.full(n_s, -1, dtype=np.int64)
+        members = np.empty(n_s, dtype=np.int64)
+        block = np.empty((n_s, t2))
+        vt = np.empty((t2, m))
+        wb = w_parts[c]
+        for t in range(c * n_tiles // n_chunks, (c + 1) * n_tiles // n_chunks):
+            n_local = build_block(
+                t,
+                idx,
+                w,
+                tile_rows,
+                input_ptr,
+                input_pixel,
+                input_offset,
+                psf,
+                inv_sigma,
+                local,
+                members,
+                block,
+            )
+            if n_local == 0:
+                continue
+            for s in range(t2):
+                r = tile_rows[t, s]
+                for q in range(m):
+                    vt[s, q] = values[r, q] if r >= 0 else 0.0
+            fl = np.empty((n_local, n_local))
+            el = np.empty((n_local, m))
+            for a in range(n_local):
+                ma = members[a]
+                for b in range(n_local):
+                    fl[a, b] = f_bar[ma, members[b]] + f_bar[members[b], ma]
+                for q in range(m):
+                    el[a, q] = e_bar[ma, q]
+            ct = block[:n_local]
+            # dC (n_local x t2) = (Fbar + Fbar^T)[S, S] C + Ebar[S] V^T
+            dc = np.dot(fl, ct) + np.dot(el, vt.T)
+            # Vbar rows of this tile (each mask pixel is in exactly one tile)
+            vb = np.dot(ct.T, el)
+            for s in range(t2):
+                r = tile_rows[t, s]
+                if r >= 0:
+                    for q in range(m):
+                        v_bar[r, q] += vb[s, q]
+                sig = inv_sigma[r] if r >= 0 else 0.0
+                for a in range(n_local):
+                    dc[a, s] *= sig
+            for j in range(input_ptr[t], input_ptr[t + 1]):
+                p = input_pixel[j]
+                o = input_offset[j]
+                for i in range(k):
+                    a = idx[p, i]
+                    if a < 0 or a >= n_s:
+                        continue
+                    row = local[a]
+                    acc = 0.0
+                    for s in range(t2):
+                        acc += dc[row, s] * psf[o, s]
+                    wb[p, i] += acc
+            for a in range(n_local):
+                local[members[a]] = -1
+    for c in range(n_chunks):
+        w_bar += w_parts[c]
+    return w_bar, v_bar
