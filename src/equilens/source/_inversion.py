@@ -5,7 +5,8 @@ the image pixels they light (sparse: node indices and weights per image pixel), 
 PSF convolution, `W = diag(1/sigma^2)` on the mask. Data vector `D = (BM)^T W d`,
 curvature `F = (BM)^T W (BM)`, regularization `H`; the source solves `(F + H) s = D`.
 
-Two routes give `F`:
+Three routes give `F` (the third, "sparse", tiled Numba kernels for CPUs, is in
+`equilens.source._sparse`):
 
 - "dense": `BM` column by column (one batched FFT convolution of the mapping images),
   then the Gram matrix `C C^T` with `C = W^(1/2) B M`: `O(n_source^2 n_mask)` flops in one

@@ -135,8 +135,9 @@ def _threads() -> int:
     import numba
 
     n = int(numba.get_num_threads())
-    if hasattr(os, "sched_getaffinity"):
-        n = min(n, len(os.sched_getaffinity(0)))
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        n = min(n, len(affinity(0)))
     return max(n, 1)
 
 

@@ -52,9 +52,10 @@ class LogEvidence(AbstractImagingTerm):
     returns everything (`equilens.source.Inversion`). A singular system gives `+inf`,
     never NaN.
 
-    **Arguments:** `imaging` (PSF at the data resolution); `route` ("auto", "dense" or
-    "w_tilde": how `F` is computed, see `equilens.source`; "auto" takes the cheaper by
-    size on a CPU, "dense" on an accelerator); `nonnegative` (default False: constrain the
+    **Arguments:** `imaging` (PSF at the data resolution); `route` ("auto", "sparse",
+    "dense" or "w_tilde": how `F` is computed, see `equilens.source`; "auto" takes
+    "sparse", the tiled Numba kernels, on a CPU and "dense" on an accelerator; all give
+    the same evidence to round-off); `nonnegative` (default False: constrain the
     source values to be `>= 0`); `adapt_image` (a brightness estimate of the lensed source,
     `(ny, nx)`, for `AdaptiveBrightness`; default the data).
     """
