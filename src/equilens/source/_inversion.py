@@ -150,9 +150,7 @@ class Solution(eqx.Module):
 
     def inverse_diagonal(self) -> Float[Array, " n"]:
         """`diag((F + H)^-1)`: the variances of the solved values (Gaussian posterior)."""
-        n = self.x.shape[0]
-        eye = jnp.eye(n, dtype=self.x.dtype)
-        inv = jax.scipy.linalg.cho_solve((self.factor, False), eye)
+        inv = inverse_from_factor(self.factor, lower=False)
         return jnp.diagonal(inv) * self.scale**2
 
 

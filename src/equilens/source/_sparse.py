@@ -119,10 +119,10 @@ def sparse_tables(
 
 @functools.cache
 def _kernels():
-    """The forward and backward Numba kernels (compiled on first use, cached on disk)."""
+    """The Numba kernels module (compiled on first use, cached on disk)."""
     from . import _sparse_kernels
 
-    return _sparse_kernels.forward, _sparse_kernels.backward
+    return _sparse_kernels
 
 
 # Numba's default threading layer must not be entered from two threads at once (JAX may
@@ -141,79 +141,50 @@ def _threads() -> int:
     return max(n, 1)
 
 
-def _host_forward(idx, w, values, inv_sigma, n_s, tables):
-    forward, _ = _kernels()
-    dtype = w.dtype
-    with _LOCK:
-        f, e = forward(
-            _threads(),
-            np.asarray(idx, dtype=np.int64),
-            np.asarray(w, dtype=np.float64),
-            np.asarray(values, dtype=np.float64),
-            np.asarray(inv_sigma, dtype=np.float64),
-            int(n_s),
-            *(np.asarray(t) for t in tables),
-        )
-    return f.astype(dtype, copy=False), e.astype(dtype, copy=False)
+def _callback(name: str, shapes, *operands, extra: tuple = ()):
+    """Runs kernel `name` on the host: `kernel(n_threads, *extra, *operands)` with integer
+    operands as int64 and floating ones as float64; outputs in the dtype of `shapes`."""
 
+    def host(*arrays):
+        cast = [
+            np.asarray(x, np.int64 if np.issubdtype(x.dtype, np.integer) else np.float64)
+            for x in arrays
+        ]
+        with _LOCK:
+            out = getattr(_kernels(), name)(_threads(), *extra, *cast)
+        return tuple(o.astype(s.dtype, copy=False) for o, s in zip(out, shapes, strict=True))
 
-def _host_backward(idx, w, values, inv_sigma, f_bar, e_bar, tables):
-    _, backward = _kernels()
-    dtype = w.dtype
-    with _LOCK:
-        w_bar, v_bar = backward(
-            _threads(),
-            np.asarray(idx, dtype=np.int64),
-            np.asarray(w, dtype=np.float64),
-            np.asarray(values, dtype=np.float64),
-            np.asarray(inv_sigma, dtype=np.float64),
-            np.asarray(f_bar, dtype=np.float64),
-            np.asarray(e_bar, dtype=np.float64),
-            *(np.asarray(t) for t in tables),
-        )
-    return w_bar.astype(dtype, copy=False), v_bar.astype(dtype, copy=False)
-
-
-def _table_arrays(tables: SparseTables) -> tuple[Array, ...]:
-    return (
+    tables = operands[-1]
+    arrays = (
+        *operands[:-1],
         tables.tile_rows,
         tables.input_ptr,
         tables.input_pixel,
         tables.input_offset,
         tables.psf_columns,
     )
+    return jax.pure_callback(host, shapes, *arrays, vmap_method="sequential")
 
 
-def _forward_callback(idx, w, values, inv_sigma, n_s, tables):
-    dtype = w.dtype
+def _forward(idx, w, values, inv_sigma, n_s, tables):
     shapes = (
-        jax.ShapeDtypeStruct((n_s, n_s), dtype),
-        jax.ShapeDtypeStruct((n_s, values.shape[1]), dtype),
+        jax.ShapeDtypeStruct((n_s, n_s), w.dtype),
+        jax.ShapeDtypeStruct((n_s, values.shape[1]), w.dtype),
     )
-    host = functools.partial(_host_forward, n_s=n_s)
-    return jax.pure_callback(
-        lambda i, ww, v, s, *t: host(i, ww, v, s, tables=t),
-        shapes,
-        idx,
-        w,
-        values,
-        inv_sigma,
-        *_table_arrays(tables),
-        vmap_method="sequential",
-    )
+    return _callback("forward", shapes, idx, w, values, inv_sigma, tables, extra=(n_s,))
 
 
 @eqx.filter_custom_vjp
 def _sparse_gram(diff, idx, inv_sigma, n_s, tables):
     w, values = diff
-    return _forward_callback(idx, w, values, inv_sigma, n_s, tables)
+    return _forward(idx, w, values, inv_sigma, n_s, tables)
 
 
 @_sparse_gram.def_fwd
 def _sparse_gram_fwd(perturbed, diff, idx, inv_sigma, n_s, tables):
     del perturbed
     w, values = diff
-    return _forward_callback(idx, w, values, inv_sigma, n_s, tables), None
+    return _forward(idx, w, values, inv_sigma, n_s, tables), None
 
 
 @_sparse_gram.def_bwd
@@ -221,23 +192,20 @@ def _sparse_gram_bwd(residuals, g, perturbed, diff, idx, inv_sigma, n_s, tables)
     del residuals, perturbed
     w, values = diff
     f_bar, e_bar = g
-    # a symbolic-zero cotangent arrives as None: materialise it
-    f_bar = jnp.zeros((n_s, n_s), w.dtype) if f_bar is None else f_bar
-    e_bar = jnp.zeros((n_s, values.shape[1]), w.dtype) if e_bar is None else e_bar
-    f_bar = jnp.broadcast_to(f_bar, (n_s, n_s))
-    e_bar = jnp.broadcast_to(e_bar, (n_s, values.shape[1]))
+    # a symbolic-zero cotangent arrives as None (or a scalar): materialise it
+    f_bar = jnp.broadcast_to(0.0 if f_bar is None else f_bar, (n_s, n_s)).astype(w.dtype)
+    e_bar = jnp.broadcast_to(0.0 if e_bar is None else e_bar, (n_s, values.shape[1]))
     shapes = (jax.ShapeDtypeStruct(w.shape, w.dtype), jax.ShapeDtypeStruct(values.shape, w.dtype))
-    return jax.pure_callback(
-        lambda i, ww, v, s, fb, eb, *t: _host_backward(i, ww, v, s, fb, eb, t),
+    return _callback(
+        "backward",
         shapes,
         idx,
         w,
         values,
         inv_sigma,
-        f_bar,
-        e_bar,
-        *_table_arrays(tables),
-        vmap_method="sequential",
+        f_bar + f_bar.T,
+        e_bar.astype(w.dtype),
+        tables,
     )
 
 

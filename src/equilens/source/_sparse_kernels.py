@@ -23,11 +23,14 @@ def build_block(
     input_offset,
     psf,
     inv_sigma,
+    values,
     local,
     members,
     block,
+    vt,
 ):
-    # C[tile, S] into block[:n_local] (members: the source pixels of S)
+    # C[tile, S] into block[:n_local] (members: the source pixels of S) and the tile's
+    # rows of `values` into vt (zero where a tile position is not a mask pixel)
     t2 = tile_rows.shape[1]
     k = idx.shape[1]
     n_s = local.shape[0]
@@ -56,13 +59,15 @@ def build_block(
         sig = inv_sigma[r] if r >= 0 else 0.0
         for a in range(n_local):
             block[a, s] *= sig
+        for q in range(values.shape[1]):
+            vt[s, q] = values[r, q] if r >= 0 else 0.0
     return n_local
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
 @no_type_check
 def forward(
-    n_threads, idx, w, values, inv_sigma, n_s, tile_rows, input_ptr, input_pixel, input_offset, psf
+    n_threads, n_s, idx, w, values, inv_sigma, tile_rows, input_ptr, input_pixel, input_offset, psf
 ):
     n_tiles, t2 = tile_rows.shape
     m = values.shape[1]
@@ -87,16 +92,14 @@ def forward(
                 input_offset,
                 psf,
                 inv_sigma,
+                values,
                 local,
                 members,
                 block,
+                vt,
             )
             if n_local == 0:
                 continue
-            for s in range(t2):
-                r = tile_rows[t, s]
-                for q in range(m):
-                    vt[s, q] = values[r, q] if r >= 0 else 0.0
             ct = block[:n_local]
             g = np.dot(ct, ct.T)
             ev = np.dot(ct, vt)
@@ -123,7 +126,7 @@ def backward(
     w,
     values,
     inv_sigma,
-    f_bar,
+    f_sym,
     e_bar,
     tile_rows,
     input_ptr,
@@ -132,7 +135,7 @@ def backward(
     psf,
 ):
     n_tiles, t2 = tile_rows.shape
-    n_s = f_bar.shape[0]
+    n_s = f_sym.shape[0]
     m = values.shape[1]
     k = idx.shape[1]
     w_bar = np.zeros(w.shape)
@@ -156,22 +159,20 @@ def backward(
                 input_offset,
                 psf,
                 inv_sigma,
+                values,
                 local,
                 members,
                 block,
+                vt,
             )
             if n_local == 0:
                 continue
-            for s in range(t2):
-                r = tile_rows[t, s]
-                for q in range(m):
-                    vt[s, q] = values[r, q] if r >= 0 else 0.0
             fl = np.empty((n_local, n_local))
             el = np.empty((n_local, m))
             for a in range(n_local):
                 ma = members[a]
                 for b in range(n_local):
-                    fl[a, b] = f_bar[ma, members[b]] + f_bar[members[b], ma]
+                    fl[a, b] = f_sym[ma, members[b]]
                 for q in range(m):
                     el[a, q] = e_bar[ma, q]
             ct = block[:n_local]
