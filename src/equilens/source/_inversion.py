@@ -29,6 +29,7 @@ from jaxtyping import Array, Bool, Float, Int, Scalar
 from .._grid import Grid
 from ..psf import FFTConvolution
 from ._geometry import AbstractGeometry
+from ._host_linalg import host_cholesky_solve
 
 # Accelerated projected-gradient iterations of the positive-only solve.
 _NONNEG_ITERATIONS = 500
@@ -145,11 +146,14 @@ class Solution(eqx.Module):
 
     x: Float[Array, " n"]
     log_det_curvature: Scalar
-    factor: Float[Array, "n n"]
+    factor: Float[Array, "n n"] | None
     scale: Float[Array, " n"]
 
     def inverse_diagonal(self) -> Float[Array, " n"]:
-        """`diag((F + H)^-1)`: the variances of the solved values (Gaussian posterior)."""
+        """`diag((F + H)^-1)`: the variances of the solved values (Gaussian posterior).
+        Needs the factor (a solve with `host=False`)."""
+        if self.factor is None:
+            raise ValueError("the errors need the Cholesky factor: solve with host=False")
         inv = inverse_from_factor(self.factor, lower=False)
         return jnp.diagonal(inv) * self.scale**2
 
@@ -197,9 +201,15 @@ def logdet_psd(matrix: Float[Array, "n n"]) -> Scalar:
     return logdet_factor(matrix, jnp.linalg.cholesky(matrix), True)
 
 
-def _cholesky(a: Float[Array, "n n"], b: Float[Array, " n"]) -> tuple[Array, Array, Array]:
-    """Solves the positive-definite `a x = b` by Cholesky through lineax; returns `x`, the
-    upper factor and `log det a` (NaN when `a` is not positive definite)."""
+def _cholesky(
+    a: Float[Array, "n n"], b: Float[Array, " n"], host: bool = False
+) -> tuple[Array, Array | None, Array]:
+    """Solves the positive-definite `a x = b` by Cholesky through lineax (or, with `host`,
+    by LAPACK on the host CPU); returns `x`, the upper factor (None with `host`) and
+    `log det a` (NaN when `a` is not positive definite)."""
+    if host:
+        x, logdet = host_cholesky_solve(a, b)
+        return x, None, logdet
     op = lx.MatrixLinearOperator(a, lx.positive_semidefinite_tag)
     solver = lx.Cholesky()
     state = solver.init(op, {})
@@ -209,21 +219,25 @@ def _cholesky(a: Float[Array, "n n"], b: Float[Array, " n"]) -> tuple[Array, Arr
 
 
 def solve_system(
-    a: Float[Array, "n n"], b: Float[Array, " n"], nonnegative: Bool[Array, " n"] | None = None
+    a: Float[Array, "n n"],
+    b: Float[Array, " n"],
+    nonnegative: Bool[Array, " n"] | None = None,
+    host: bool = False,
 ) -> Solution:
     """Solves `a x = b` (`a = F + H`, symmetric positive definite) after a symmetric Jacobi
     scaling. With `nonnegative` (a mask), those entries are constrained to be `>= 0`: an
     accelerated projected-gradient solve finds the active set, then the free entries are
     re-solved exactly (so the solution is differentiable on its active set). The log det
-    is always that of the full `a`."""
+    is always that of the full `a`. With `host`, the factorisations run on the host CPU
+    (LAPACK; reverse mode only, the factor not differentiated: see `_host_linalg`)."""
     a_s, b_s, scale = _jacobi(a, b)
-    x, factor, logdet = _cholesky(a_s, b_s)
+    x, factor, logdet = _cholesky(a_s, b_s, host)
     if nonnegative is not None:
         x_pos = jax.lax.stop_gradient(_projected_solve(a_s, b_s, nonnegative))
         free = (x_pos > 0) | ~nonnegative
         both = free[:, None] & free[None, :]
         eye = jnp.eye(a.shape[0], dtype=a.dtype)
-        x, _, _ = _cholesky(jnp.where(both, a_s, eye), jnp.where(free, b_s, 0.0))
+        x, _, _ = _cholesky(jnp.where(both, a_s, eye), jnp.where(free, b_s, 0.0), host)
     logdet = logdet - 2.0 * jnp.sum(jnp.log(scale))
     return Solution(x=x * scale, log_det_curvature=logdet, factor=factor, scale=scale)
 

@@ -1,8 +1,9 @@
-"""Numba kernels of the tiled "sparse" curvature route (see `equilens.source._sparse`).
+"""Numba kernels of the tiled "sparse" curvature route (see `equilens.source._sparse`) and
+of its host Cholesky solve (`equilens.source._host_linalg`).
 
-Imported only when that route runs, so that Numba stays an optional dependency. The
-kernels are private and marked `no_type_check` (the test suite's jaxtyping import hook
-would otherwise wrap them, which Numba cannot compile or cache).
+Imported only when that route runs (the first call compiles them, or loads them from
+Numba's cache). The kernels are private and marked `no_type_check` (the test suite's
+jaxtyping import hook would otherwise wrap them, which Numba cannot compile or cache).
 """
 
 from typing import no_type_check
@@ -205,3 +206,44 @@ def backward(
     for c in range(n_chunks):
         w_bar += w_parts[c]
     return w_bar, v_bar
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
+def solve_cotangent(upper, x, x_bar, l_bar, b_bar):
+    # The cotangents of x = a^-1 b and log det a, from `upper` (the upper triangle of the
+    # symmetric a^-1): b_bar = a^-1 x_bar, a_bar = l_bar a^-1 - b_bar x^T (in blocks, so
+    # that the transposed reads of the lower half stay in cache).
+    n = x.shape[0]
+    for i in range(n):
+        b_bar[i] = 0.0
+    for i in range(n):
+        acc = upper[i, i] * x_bar[i]
+        xi = x_bar[i]
+        for j in range(i + 1, n):
+            v = upper[i, j]
+            acc += v * x_bar[j]
+            b_bar[j] += v * xi
+        b_bar[i] += acc
+    a_bar = np.empty((n, n))
+    nb = 64
+    for i0 in range(0, n, nb):
+        i1 = min(i0 + nb, n)
+        for j0 in range(0, n, nb):
+            j1 = min(j0 + nb, n)
+            for i in range(i0, i1):
+                bi = b_bar[i]
+                for j in range(j0, j1):
+                    v = upper[i, j] if i <= j else upper[j, i]
+                    a_bar[i, j] = l_bar * v - bi * x[j]
+    return a_bar
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
+def zero_lower(a):
+    # zeroes the strict lower triangle of `a` in place and returns it
+    for i in range(a.shape[0]):
+        for j in range(i):
+            a[i, j] = 0.0
+    return a

@@ -233,7 +233,10 @@ class LogEvidence(AbstractImagingTerm):
         positive = None
         if self.nonnegative:
             positive = jnp.arange(n_lin + n_s) >= n_lin
-        sol = solve_system(a, b, positive)
+        # The sparse route runs on the host CPU: so does its solve (LAPACK), except when
+        # the errors are wanted (their factor is then differentiable, as on the other
+        # routes).
+        sol = solve_system(a, b, positive, host=route == "sparse" and not errors)
         amps, values = sol.x[:n_lin], sol.x[n_lin:]
 
         flux = map_to_image(idx, w, values)
