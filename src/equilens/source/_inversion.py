@@ -230,6 +230,9 @@ def solve_system(
     re-solved exactly (so the solution is differentiable on its active set). The log det
     is always that of the full `a`. With `host`, the factorisations run on the host CPU
     (LAPACK; reverse mode only, the factor not differentiated: see `_host_linalg`)."""
+    if host and nonnegative is None:  # (the host solve scales `a` itself)
+        x, logdet = host_cholesky_solve(a, b)
+        return Solution(x=x, log_det_curvature=logdet, factor=None, scale=jnp.ones_like(b))
     a_s, b_s, scale = _jacobi(a, b)
     x, factor, logdet = _cholesky(a_s, b_s, host)
     if nonnegative is not None:

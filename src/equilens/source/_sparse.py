@@ -203,7 +203,7 @@ def _sparse_gram_bwd(residuals, g, perturbed, diff, idx, inv_sigma, n_s, tables)
         w,
         values,
         inv_sigma,
-        f_bar + f_bar.T,
+        f_bar,
         e_bar.astype(w.dtype),
         tables,
     )

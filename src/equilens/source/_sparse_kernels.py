@@ -6,13 +6,59 @@ Numba's cache). The kernels are private and marked `no_type_check` (the test sui
 jaxtyping import hook would otherwise wrap them, which Numba cannot compile or cache).
 """
 
+import ctypes
 from typing import no_type_check
 
 import numba
 import numpy as np
 
 
+def _blas(name: str):
+    """A BLAS routine of SciPy's (Fortran calling convention: every argument a pointer),
+    passed to the kernels as an argument (so that Numba can still cache them)."""
+    from numba.extending import get_cython_function_address
+
+    ptr = ctypes.c_void_p
+    return ctypes.CFUNCTYPE(None, *([ptr] * 10))(
+        get_cython_function_address("scipy.linalg.cython_blas", name)
+    )
+
+
+_SYRK = _blas("dsyrk")
+# Reassociated sums (vectorised dot products) and fused multiply-adds; no assumptions
+# about NaN or infinity.
+_REASSOC = {"reassoc", "contract"}
+
+
 @numba.njit(cache=True, nogil=True)
+@no_type_check
+def syrk_lower(syrk, ct, g):
+    # g (n x n, C order): its lower triangle <- ct ct^T (ct: n x k, C order), by BLAS syrk
+    # on the Fortran-order views (ct^T: k x n; g^T's upper triangle is g's lower)
+    n, k = ct.shape
+    uplo = np.array([ord("U")], np.uint8)
+    trans = np.array([ord("T")], np.uint8)
+    nn = np.array([n], np.int32)
+    kk = np.array([k], np.int32)
+    alpha = np.array([1.0])
+    beta = np.array([0.0])
+    lda = np.array([k], np.int32)
+    ldc = np.array([g.shape[1]], np.int32)
+    syrk(
+        uplo.ctypes,
+        trans.ctypes,
+        nn.ctypes,
+        kk.ctypes,
+        alpha.ctypes,
+        ct.ctypes,
+        lda.ctypes,
+        beta.ctypes,
+        g.ctypes,
+        ldc.ctypes,
+    )
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_REASSOC)
 @no_type_check
 def build_block(
     t,
@@ -30,31 +76,39 @@ def build_block(
     block,
     vt,
 ):
-    # C[tile, S] into block[:n_local] (members: the source pixels of S) and the tile's
-    # rows of `values` into vt (zero where a tile position is not a mask pixel)
+    # C[tile, S] into block[:n_local] (members: the source pixels of S, ascending, so that
+    # the scatters into F walk its rows in order) and the tile's rows of `values` into vt
+    # (zero where a tile position is not a mask pixel)
     t2 = tile_rows.shape[1]
     k = idx.shape[1]
     n_s = local.shape[0]
+    j0 = input_ptr[t]
+    j1 = input_ptr[t + 1]
     n_local = 0
-    for j in range(input_ptr[t], input_ptr[t + 1]):
+    for j in range(j0, j1):
         p = input_pixel[j]
-        o = input_offset[j]
         for i in range(k):
             a = idx[p, i]
-            wt = w[p, i]
+            if a >= 0 and a < n_s and local[a] < 0:
+                local[a] = 0
+                members[n_local] = a
+                n_local += 1
+    members[:n_local].sort()
+    for r in range(n_local):
+        local[members[r]] = r
+        for s in range(t2):
+            block[r, s] = 0.0
+    for j in range(j0, j1):
+        p = input_pixel[j]
+        column = psf[input_offset[j]]
+        for i in range(k):
+            a = idx[p, i]
             if a < 0 or a >= n_s:
                 continue
-            row = local[a]
-            if row < 0:
-                row = n_local
-                local[a] = row
-                members[row] = a
-                n_local += 1
-                for s in range(t2):
-                    block[row, s] = wt * psf[o, s]
-            else:
-                for s in range(t2):
-                    block[row, s] += wt * psf[o, s]
+            row = block[local[a]]
+            wt = w[p, i]
+            for s in range(t2):
+                row[s] += wt * column[s]
     for s in range(t2):
         r = tile_rows[t, s]
         sig = inv_sigma[r] if r >= 0 else 0.0
@@ -65,10 +119,26 @@ def build_block(
     return n_local
 
 
+def forward(n_threads, n_s, *arrays):
+    """`F = C^T C` and `E = C^T V` (see `equilens.source._sparse`)."""
+    return _forward(n_threads, _SYRK, n_s, *arrays)
+
+
 @numba.njit(cache=True, nogil=True, parallel=True)
 @no_type_check
-def forward(
-    n_threads, n_s, idx, w, values, inv_sigma, tile_rows, input_ptr, input_pixel, input_offset, psf
+def _forward(
+    n_threads,
+    syrk,
+    n_s,
+    idx,
+    w,
+    values,
+    inv_sigma,
+    tile_rows,
+    input_ptr,
+    input_pixel,
+    input_offset,
+    psf,
 ):
     n_tiles, t2 = tile_rows.shape
     m = values.shape[1]
@@ -102,12 +172,16 @@ def forward(
             if n_local == 0:
                 continue
             ct = block[:n_local]
-            g = np.dot(ct, ct.T)
+            g = np.empty((n_local, n_local))
+            syrk_lower(syrk, ct, g)
             ev = np.dot(ct, vt)
+            # F's upper triangle (members ascending: F[mb, ma] with mb <= ma)
+            for b in range(n_local):
+                row = f[members[b]]
+                for a in range(b, n_local):
+                    row[members[a]] += g[a, b]
             for a in range(n_local):
                 ma = members[a]
-                for b in range(n_local):
-                    f[ma, members[b]] += g[a, b]
                 for q in range(m):
                     e[ma, q] += ev[a, q]
                 local[ma] = -1
@@ -116,10 +190,24 @@ def forward(
     for c in range(1, n_chunks):
         f += f_parts[c]
         e += e_parts[c]
+    mirror_upper(f)
     return f, e
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@numba.njit(cache=True, nogil=True)
+@no_type_check
+def mirror_upper(a):
+    # a's strict lower triangle <- its upper one, in blocks (cache-friendly transpose)
+    n = a.shape[0]
+    nb = 64
+    for i0 in range(0, n, nb):
+        for j0 in range(0, i0 + 1, nb):
+            for i in range(i0, min(i0 + nb, n)):
+                for j in range(j0, min(j0 + nb, i)):
+                    a[i, j] = a[j, i]
+
+
+@numba.njit(cache=True, nogil=True, parallel=True, fastmath=_REASSOC)
 @no_type_check
 def backward(
     n_threads,
@@ -127,7 +215,7 @@ def backward(
     w,
     values,
     inv_sigma,
-    f_sym,
+    f_bar,
     e_bar,
     tile_rows,
     input_ptr,
@@ -136,7 +224,7 @@ def backward(
     psf,
 ):
     n_tiles, t2 = tile_rows.shape
-    n_s = f_sym.shape[0]
+    n_s = f_bar.shape[0]
     m = values.shape[1]
     k = idx.shape[1]
     w_bar = np.zeros(w.shape)
@@ -171,11 +259,18 @@ def backward(
             fl = np.empty((n_local, n_local))
             el = np.empty((n_local, m))
             for a in range(n_local):
-                ma = members[a]
+                row = f_bar[members[a]]
                 for b in range(n_local):
-                    fl[a, b] = f_sym[ma, members[b]]
+                    fl[a, b] = row[members[b]]
                 for q in range(m):
-                    el[a, q] = e_bar[ma, q]
+                    el[a, q] = e_bar[members[a], q]
+            # (Fbar + Fbar^T)[S, S], symmetrised on the small block
+            for a in range(n_local):
+                for b in range(a + 1, n_local):
+                    v = fl[a, b] + fl[b, a]
+                    fl[a, b] = v
+                    fl[b, a] = v
+                fl[a, a] *= 2.0
             ct = block[:n_local]
             # dC (n_local x t2) = (Fbar + Fbar^T)[S, S] C + Ebar[S] V^T
             dc = np.dot(fl, ct) + np.dot(el, vt.T)
@@ -191,15 +286,15 @@ def backward(
                     dc[a, s] *= sig
             for j in range(input_ptr[t], input_ptr[t + 1]):
                 p = input_pixel[j]
-                o = input_offset[j]
+                column = psf[input_offset[j]]
                 for i in range(k):
                     a = idx[p, i]
                     if a < 0 or a >= n_s:
                         continue
-                    row = local[a]
+                    row = dc[local[a]]
                     acc = 0.0
                     for s in range(t2):
-                        acc += dc[row, s] * psf[o, s]
+                        acc += row[s] * column[s]
                     wb[p, i] += acc
             for a in range(n_local):
                 local[members[a]] = -1
@@ -210,11 +305,30 @@ def backward(
 
 @numba.njit(cache=True, nogil=True)
 @no_type_check
-def solve_cotangent(upper, x, x_bar, l_bar, b_bar):
+def jacobi_upper(a, scale):
+    # symmetric Jacobi scaling of the upper triangle of `a` in place:
+    # a_ij <- a_ij s_i s_j with s_i = 1 / sqrt(a_ii) (1 where a_ii <= 0), into `scale`
+    n = a.shape[0]
+    for i in range(n):
+        d = a[i, i]
+        scale[i] = 1.0 / np.sqrt(d) if d > 0.0 else 1.0
+    for i in range(n):
+        si = scale[i]
+        for j in range(i, n):
+            a[i, j] *= si * scale[j]
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
+def solve_cotangent(upper, scale, x, x_bar, l_bar, b_bar):
     # The cotangents of x = a^-1 b and log det a, from `upper` (the upper triangle of the
-    # symmetric a^-1): b_bar = a^-1 x_bar, a_bar = l_bar a^-1 - b_bar x^T (in blocks, so
-    # that the transposed reads of the lower half stay in cache).
+    # inverse of the scaled S a S, so a^-1 = S upper S): b_bar = a^-1 x_bar,
+    # a_bar = l_bar a^-1 - b_bar x^T (in blocks, so that the transposed reads of the lower
+    # half stay in cache).
     n = x.shape[0]
+    for i in range(n):
+        for j in range(i, n):
+            upper[i, j] *= scale[i] * scale[j]
     for i in range(n):
         b_bar[i] = 0.0
     for i in range(n):
