@@ -14,6 +14,7 @@ from .._custom_types import FloatScalar, ScalarLike, as_float
 from ..source._geometry import (
     AbstractGeometry,
     RectilinearGeometry,
+    SparseRows,
     rect_operator_matrix,
     sparse_gram,
 )
@@ -47,12 +48,44 @@ def _scaled(
     if isinstance(geometry, RectilinearGeometry):
         h0 = jnp.asarray(rect_operator_matrix(*geometry.shape, order) + RIDGE * np.eye(n), dtype)
         return coefficient * h0, n * jnp.log(coefficient) + _rect_logdet(*geometry.shape, order)
-    if order == 1:
-        op = sparse_gram(geometry.gradient_rows(), n)
-    else:
-        op = geometry.curvature_matrix()
+    rows = geometry.gradient_rows()
+    op = sparse_gram(rows, n) if order == 1 else geometry.curvature_matrix()
     h0 = op + RIDGE * jnp.eye(n, dtype=dtype)
-    return coefficient * h0, n * jnp.log(coefficient) + logdet_psd(h0)
+    return coefficient * h0, n * jnp.log(coefficient) + _topology_logdet(rows, n, order, dtype)
+
+
+def _topology_logdet(rows: SparseRows, n: int, order: int, dtype) -> Scalar:
+    """`log det H0` for `H0 = G^T G + RIDGE I` (`order` 1) or `(G^T G)^2 + RIDGE I` (2: the
+    squared graph Laplacian, `curvature_matrix`), `G` the mesh's first-difference rows.
+    `H0` depends on the mesh's topology only (integer edges), so it has no derivative:
+    a sparse LU on the host (SciPy), about 1 ms at 1,000 nodes against 10 ms for a dense
+    Cholesky and, under differentiation, 100 ms for the inverse it would form."""
+    idx, coef = jax.lax.stop_gradient(rows)
+
+    def host(idx, coef):
+        import scipy.sparse as sp
+        from scipy.sparse.linalg import splu
+
+        r = np.repeat(np.arange(idx.shape[0]), idx.shape[1])
+        g = sp.csr_matrix((np.ravel(coef).astype(np.float64), (r, np.ravel(idx))), (len(idx), n))
+        h = (g.T @ g).tocsc()
+        if order == 2:
+            h = (h.T @ h).tocsc()
+        h = (h + RIDGE * sp.identity(n, format="csc")).tocsc()
+        # symmetric ordering, no pivoting: the Cholesky pivots of a positive-definite H0
+        lu = splu(
+            h, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0, options={"SymmetricMode": True}
+        )
+        d = lu.U.diagonal()
+        if np.all(d > 0):
+            value = np.sum(np.log(d))
+        else:  # (round-off in a near-singular H0: the dense, pivoted determinant)
+            sign, value = np.linalg.slogdet(h.toarray())
+            value = value if sign > 0 else np.nan
+        return np.asarray(value, dtype)
+
+    out = jax.ShapeDtypeStruct((), dtype)
+    return jax.pure_callback(host, out, idx, coef, vmap_method="sequential")
 
 
 def _check_positive(name: str, value: ScalarLike) -> FloatScalar:
