@@ -186,9 +186,9 @@ def test_objective_functions_drive_optimistix_directly():
     data = _data(0)
     obj = el.Objective(el.GaussianLikelihood(data))
     f = el.objective.functions(obj, _truth())
-    sol = optx.least_squares(
-        f.residuals, optx.LevenbergMarquardt(rtol=1e-6, atol=1e-6), f.y0, f.args
-    )
+    # (1e-6 is at float32's round-off: the step control may then never stop)
+    tol = 1e-6 if X64 else 1e-4
+    sol = optx.least_squares(f.residuals, optx.LevenbergMarquardt(rtol=tol, atol=tol), f.y0, f.args)
     direct = obj.complete(f.model(sol.value))
     r = el.fit(obj, _truth(), "lm")
     te, te_fit = (float(m.mass.components[0].theta_E) for m in (direct, r.model))
