@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.ndimage
 import scipy.optimize
 import scipy.signal
 from scipy.spatial import Delaunay
@@ -655,3 +656,91 @@ def test_batched_evidence_fits_run_for_every_mesh_kind():
         assert np.all(np.abs(theta - 1.0) < 0.05), theta  # both starts move to the lens
         if isinstance(mesh, el.AdaptiveRectangularMesh):
             assert np.all(np.abs(theta - 1.0) < 0.01), theta
+
+
+def _random_tile_inputs(n_s=60, shape=(30, 26), k=4, m=2):
+    """Random interpolation arrays and tables of the sparse route on an irregular mask."""
+    from equilens.source._sparse import sparse_tables
+
+    rng = np.random.default_rng(7)
+    ny, nx = shape
+    yy, xx = np.mgrid[:ny, :nx]
+    mask = (yy - 14.0) ** 2 / 1.3 + (xx - 12.0) ** 2 < 110.0
+    pixels = np.flatnonzero(mask)
+    mapped = np.flatnonzero(scipy.ndimage.binary_dilation(mask, iterations=3))
+    kernel = rng.uniform(0.1, 1.0, (7, 5))
+    tables = sparse_tables(kernel, shape, pixels, mapped, tile=4)
+    idx = rng.integers(0, n_s, (mapped.shape[0], k))
+    idx[rng.uniform(size=idx.shape) < 0.1] = -1  # outside the mesh
+    w = rng.uniform(0.0, 1.0, idx.shape)
+    values = rng.normal(size=(pixels.shape[0], m))
+    inv_sigma = rng.uniform(0.5, 2.0, pixels.shape[0])
+    arrays = [
+        np.asarray(a)
+        for a in (
+            idx,
+            w,
+            values,
+            inv_sigma,
+            tables.tile_rows,
+            tables.input_ptr,
+            tables.input_pixel,
+            tables.input_offset,
+            tables.psf_columns,
+        )
+    ]
+    return n_s, arrays
+
+
+@pytest.mark.parametrize("cap", [None, 1])
+def test_sparse_kernels_give_the_same_sums_in_any_number_of_chunks(monkeypatch, cap):
+    from equilens.source._sparse import _kernels
+
+    kernels = _kernels()
+    n_s, arrays = _random_tile_inputs()
+    if cap is not None:  # the accumulators' memory cap leaves one chunk
+        monkeypatch.setattr(kernels, "ACCUMULATOR_BYTES", cap)
+    f1, e1 = kernels.forward(1, n_s, *arrays)
+    assert np.array_equal(f1, f1.T)
+    for n in (2, 3, 7):
+        f, e = kernels.forward(n, n_s, *arrays)
+        assert rel_err(f, f1) < 1e-13
+        assert rel_err(e, e1) < 1e-13
+    # a smaller mesh with an odd size in between (the kept accumulators are remade)
+    small = (arrays[0] % (n_s - 9), *arrays[1:])
+    f_small, _ = kernels.forward(3, n_s - 9, *small)
+    assert f_small.shape == (n_s - 9, n_s - 9)
+    assert rel_err(f_small, kernels.forward(1, n_s - 9, *small)[0]) < 1e-13
+    f, _ = kernels.forward(3, n_s, *arrays)
+    assert rel_err(f, f1) < 1e-13
+    rng = np.random.default_rng(1)
+    f_bar = rng.normal(size=f1.shape)
+    e_bar = rng.normal(size=e1.shape)
+    w1, v1 = kernels.backward(1, *arrays[:4], f_bar, e_bar, *arrays[4:])
+    for n in (2, 5):
+        wn, vn = kernels.backward(n, *arrays[:4], f_bar, e_bar, *arrays[4:])
+        assert rel_err(wn, w1) < 1e-13
+        assert rel_err(vn, v1) < 1e-13
+
+
+def test_sparse_kernels_run_with_single_threaded_blas(dataset, monkeypatch):
+    # BLAS's own threads inside Numba's parallel loops oversubscribe the cores
+    import threadpoolctl
+
+    from equilens.source._sparse import _kernels
+
+    kernels = _kernels()
+    seen = []
+    forward = kernels.forward
+
+    def spy(*args):
+        seen.extend(
+            i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"
+        )
+        return forward(*args)
+
+    monkeypatch.setattr(kernels, "forward", spy)
+    system = _system(_mesh("rect", dataset), _reg("constant"))
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        assert np.isfinite(float(el.LogEvidence(dataset, route="sparse")(system)))
+    assert seen and all(n == 1 for n in seen)

@@ -14,7 +14,8 @@ backward pass rebuilds each block and forms `dC = (Fbar + Fbar^T)[S, S] C + Ebar
 `Vbar = C^T Ebar`.
 
 Tiles are split into one chunk per Numba thread, each chunk with its own accumulator
-(`numba.set_num_threads` or `NUMBA_NUM_THREADS` sets how many cores are used).
+(`numba.set_num_threads` or `NUMBA_NUM_THREADS` sets how many cores are used); BLAS runs
+single-threaded inside the kernels (threadpoolctl), the threads being Numba's.
 """
 
 import functools
@@ -131,6 +132,16 @@ def _kernels():
 _LOCK = threading.Lock()
 
 
+@functools.cache
+def _blas_threads():
+    """A controller of the BLAS libraries' thread pools (threadpoolctl), made once after
+    the kernels (and so SciPy's BLAS) are loaded."""
+    from threadpoolctl import ThreadpoolController
+
+    _kernels()
+    return ThreadpoolController()
+
+
 def _threads() -> int:
     """Numba's thread count, at most the cores this process may run on."""
     import numba
@@ -151,7 +162,9 @@ def _callback(name: str, shapes, *operands, extra: tuple = ()):
             np.asarray(x, np.int64 if np.issubdtype(x.dtype, np.integer) else np.float64)
             for x in arrays
         ]
-        with _LOCK:
+        # The kernels call BLAS on small blocks from each of Numba's threads: BLAS's own
+        # threads would oversubscribe the cores (measured 2-4x slower at 2 to 16 threads).
+        with _LOCK, _blas_threads().limit(limits=1, user_api="blas"):
             out = getattr(_kernels(), name)(_threads(), *extra, *cast)
         return tuple(o.astype(s.dtype, copy=False) for o, s in zip(out, shapes, strict=True))
 

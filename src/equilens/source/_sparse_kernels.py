@@ -7,6 +7,7 @@ jaxtyping import hook would otherwise wrap them, which Numba cannot compile or c
 """
 
 import ctypes
+import functools
 from typing import no_type_check
 
 import numba
@@ -76,7 +77,8 @@ def build_block(
     block,
     vt,
 ):
-    # C[tile, S] into block[:n_local] (members: the source pixels of S, ascending, so that
+    # C[tile, S] into block[:n_local] (block[n_s] holds the tile's inverse noise; members: the
+    # source pixels of S, ascending, so that
     # the scatters into F walk its rows in order) and the tile's rows of `values` into vt
     # (zero where a tile position is not a mask pixel)
     t2 = tile_rows.shape[1]
@@ -96,8 +98,7 @@ def build_block(
     members[:n_local].sort()
     for r in range(n_local):
         local[members[r]] = r
-        for s in range(t2):
-            block[r, s] = 0.0
+        block[r, :] = 0.0
     for j in range(j0, j1):
         p = input_pixel[j]
         column = psf[input_offset[j]]
@@ -109,26 +110,45 @@ def build_block(
             wt = w[p, i]
             for s in range(t2):
                 row[s] += wt * column[s]
+    sig = block[n_s]
     for s in range(t2):
         r = tile_rows[t, s]
-        sig = inv_sigma[r] if r >= 0 else 0.0
-        for a in range(n_local):
-            block[a, s] *= sig
+        sig[s] = inv_sigma[r] if r >= 0 else 0.0
         for q in range(values.shape[1]):
             vt[s, q] = values[r, q] if r >= 0 else 0.0
+    # rows of C = W^(1/2) B M: each block row times the tile's inverse noise (row-wise, so
+    # that the scaling runs along memory)
+    for a in range(n_local):
+        row = block[a]
+        for s in range(t2):
+            row[s] *= sig[s]
     return n_local
+
+
+#: Memory for the extra per-thread accumulators of F in the forward kernel (kept between
+#: calls: fresh pages would cost more than the work at 16 threads); fewer threads are used
+#: in the tile loop when it would take more.
+ACCUMULATOR_BYTES = 128 * 2**20
+
+
+@functools.lru_cache(maxsize=1)
+def _accumulators(n: int, n_s: int) -> np.ndarray:
+    return np.empty((n, n_s, n_s))
 
 
 def forward(n_threads, n_s, *arrays):
     """`F = C^T C` and `E = C^T V` (see `equilens.source._sparse`)."""
-    return _forward(n_threads, _SYRK, n_s, *arrays)
+    n_tiles = arrays[4].shape[0]
+    n_chunks = max(1, min(n_threads, n_tiles, 1 + ACCUMULATOR_BYTES // (8 * n_s * n_s)))
+    return _forward(n_chunks, _SYRK, _accumulators(n_chunks - 1, n_s), n_s, *arrays)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
 @no_type_check
 def _forward(
-    n_threads,
+    n_chunks,
     syrk,
+    parts,
     n_s,
     idx,
     w,
@@ -140,17 +160,20 @@ def _forward(
     input_offset,
     psf,
 ):
+    # tiles in n_chunks chunks, one per thread, each accumulating the upper triangle of F
+    # (chunk 0 into the output, the others into `parts`), summed in parallel at the end
     n_tiles, t2 = tile_rows.shape
     m = values.shape[1]
-    n_chunks = max(1, min(n_threads, n_tiles))
-    f_parts = np.zeros((n_chunks, n_s, n_s))
+    out = np.empty((n_s, n_s))
     e_parts = np.zeros((n_chunks, n_s, m))
     for c in numba.prange(n_chunks):
+        f = out if c == 0 else parts[c - 1]
+        for i in range(n_s):
+            f[i, i:] = 0.0
         local = np.full(n_s, -1, dtype=np.int64)
         members = np.empty(n_s, dtype=np.int64)
-        block = np.empty((n_s, t2))
+        block = np.empty((n_s + 1, t2))
         vt = np.empty((t2, m))
-        f = f_parts[c]
         e = e_parts[c]
         for t in range(c * n_tiles // n_chunks, (c + 1) * n_tiles // n_chunks):
             n_local = build_block(
@@ -185,13 +208,20 @@ def _forward(
                 for q in range(m):
                     e[ma, q] += ev[a, q]
                 local[ma] = -1
-    f = f_parts[0]
     e = e_parts[0]
-    for c in range(1, n_chunks):
-        f += f_parts[c]
-        e += e_parts[c]
-    mirror_upper(f)
-    return f, e
+    if n_chunks > 1:
+        # rows h and n_s - 1 - h together: balanced halves of the upper triangle
+        for h in numba.prange((n_s + 1) // 2):
+            for c in range(n_chunks - 1):
+                out[h, h:] += parts[c, h, h:]
+            i = n_s - 1 - h
+            if i != h:
+                for c in range(n_chunks - 1):
+                    out[i, i:] += parts[c, i, i:]
+        for c in range(1, n_chunks):
+            e += e_parts[c]
+    mirror_upper(out)
+    return out, e
 
 
 @numba.njit(cache=True, nogil=True)
@@ -234,7 +264,7 @@ def backward(
     for c in numba.prange(n_chunks):
         local = np.full(n_s, -1, dtype=np.int64)
         members = np.empty(n_s, dtype=np.int64)
-        block = np.empty((n_s, t2))
+        block = np.empty((n_s + 1, t2))
         vt = np.empty((t2, m))
         wb = w_parts[c]
         for t in range(c * n_tiles // n_chunks, (c + 1) * n_tiles // n_chunks):
