@@ -77,10 +77,9 @@ def build_block(
     block,
     vt,
 ):
-    # C[tile, S] into block[:n_local] (block[n_s] holds the tile's inverse noise; members: the
-    # source pixels of S, ascending, so that
-    # the scatters into F walk its rows in order) and the tile's rows of `values` into vt
-    # (zero where a tile position is not a mask pixel)
+    # C[tile, S] into block[:n_local] (members: the source pixels of S, ascending, so that
+    # the scatters into F walk its rows in order; block[n_s]: the tile's inverse noise) and
+    # the tile's rows of `values` into vt (zero where a tile position is not a mask pixel)
     t2 = tile_rows.shape[1]
     k = idx.shape[1]
     n_s = local.shape[0]
