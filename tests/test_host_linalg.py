@@ -68,3 +68,35 @@ def test_not_positive_definite_gives_nan_and_a_zero_cotangent(bad):
     assert bool(jnp.all(jnp.isnan(x))) and bool(jnp.isnan(logdet))
     ga, gb = jax.grad(lambda a, b: host_cholesky_solve(a, b)[1], argnums=(0, 1))(*args)
     assert bool(jnp.all(ga == 0.0)) and bool(jnp.all(gb == 0.0))
+
+
+@pytest.mark.parametrize("cap", [1, 8])
+def test_lapack_threads_are_capped_and_never_raised(monkeypatch, cap):
+    import threadpoolctl
+
+    from equilens.source import _host_linalg
+
+    seen = []
+    real = _host_linalg._lapack()
+
+    def spy(f):
+        def wrapped(*args, **kwargs):
+            info = threadpoolctl.threadpool_info()
+            seen.append(max(i["num_threads"] for i in info if i["user_api"] == "blas"))
+            return f(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(_host_linalg, "_lapack", lambda: tuple(spy(f) for f in real))
+    monkeypatch.setattr(_host_linalg, "LAPACK_THREADS", cap)
+    a, b = _spd(30, seed=4)
+
+    def loss(a, b):
+        x, logdet = host_cholesky_solve(a, b)
+        return jnp.sum(x) + logdet
+
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        jax.block_until_ready(jax.grad(loss)(jnp.asarray(a), jnp.asarray(b)))
+    # potrf, potrs and potri ran, each under min(cap, the 2 threads there were)
+    assert len(seen) == 3
+    assert all(n == min(cap, 2) for n in seen)

@@ -8,7 +8,8 @@ symmetric Jacobi scaling `S a S` (`S = diag(a)^(-1/2)`; only the upper triangle 
 read). Its reverse-mode rule keeps the upper Cholesky factor `U` of `S a S` and forms
 `a^-1 = S (S a S)^-1 S` from it (LAPACK `potri`): `bbar = a^-1 xbar`,
 `abar = lbar a^-1 - bbar x^T`. A matrix that is not positive definite gives NaN `x` and log
-det, and a zero cotangent (callers mask the NaN evidence).
+det, and a zero cotangent (callers mask the NaN evidence). LAPACK runs on at most
+`LAPACK_THREADS` BLAS threads (`equilens.source._sparse`).
 """
 
 import functools
@@ -16,6 +17,8 @@ import functools
 import jax
 import numpy as np
 from jaxtyping import Array, Float, Scalar
+
+from ._sparse import LAPACK_THREADS, blas_threads
 
 
 @functools.cache
@@ -41,6 +44,11 @@ def _factor(a: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
 
 
 def _solve_host(a, b, keep_factor: bool):
+    with blas_threads(LAPACK_THREADS):
+        return _solve_host_blas(a, b, keep_factor)
+
+
+def _solve_host_blas(a, b, keep_factor: bool):
     u, scale = _factor(np.array(a, dtype=np.float64))
     n = b.shape[0]
     if u is None:
@@ -66,7 +74,8 @@ def _solve_bwd_host(u, scale, x, x_bar, l_bar):
     inv = np.array(u, dtype=np.float64)
     # U^T (Fortran order) is the lower factor; potri writes the lower triangle of the
     # inverse there, i.e. the upper triangle of `inv`.
-    lower, _ = _lapack()[2](inv.T, lower=1, overwrite_c=1)
+    with blas_threads(LAPACK_THREADS):
+        lower, _ = _lapack()[2](inv.T, lower=1, overwrite_c=1)
     b_bar = np.empty(n)
     a_bar = solve_cotangent(
         lower.T,

@@ -142,6 +142,22 @@ def _blas_threads():
     return ThreadpoolController()
 
 
+#: At most this many BLAS threads in the host solve's LAPACK calls: all 16 cores of a
+#: 16-core Xeon made the log-evidence 1.7x slower next to Numba's kernels, 4 or 8 were the
+#: fastest (docs/performance.md).
+LAPACK_THREADS = 8
+
+
+def blas_threads(most: int):
+    """A context manager holding BLAS to at most `most` threads (and never to more than it
+    has now, which `OPENBLAS_NUM_THREADS` or threadpoolctl may have lowered)."""
+    controller = _blas_threads()
+    now = max(
+        (lib["num_threads"] for lib in controller.info() if lib["user_api"] == "blas"), default=1
+    )
+    return controller.limit(limits=max(1, min(most, now)), user_api="blas")
+
+
 def _threads() -> int:
     """Numba's thread count, at most the cores this process may run on."""
     import numba
@@ -164,7 +180,7 @@ def _callback(name: str, shapes, *operands, extra: tuple = ()):
         ]
         # The kernels call BLAS on small blocks from each of Numba's threads: BLAS's own
         # threads would oversubscribe the cores (measured 2-4x slower at 2 to 16 threads).
-        with _LOCK, _blas_threads().limit(limits=1, user_api="blas"):
+        with _LOCK, blas_threads(1):
             out = getattr(_kernels(), name)(_threads(), *extra, *cast)
         return tuple(o.astype(s.dtype, copy=False) for o, s in zip(out, shapes, strict=True))
 
