@@ -97,6 +97,9 @@ def test_lapack_threads_are_capped_and_never_raised(monkeypatch, cap):
 
     with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
         jax.block_until_ready(jax.grad(loss)(jnp.asarray(a), jnp.asarray(b)))
+        # and restored afterwards
+        info = threadpoolctl.threadpool_info()
+        assert all(i["num_threads"] == 2 for i in info if i["user_api"] == "blas")
     # potrf, potrs and potri ran, each under min(cap, the 2 threads there were)
     assert len(seen) == 3
     assert all(n == min(cap, 2) for n in seen)

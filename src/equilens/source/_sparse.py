@@ -18,6 +18,7 @@ Tiles are split into one chunk per Numba thread, each chunk with its own accumul
 single-threaded inside the kernels (threadpoolctl), the threads being Numba's.
 """
 
+import contextlib
 import functools
 import os
 import threading
@@ -148,14 +149,23 @@ def _blas_threads():
 LAPACK_THREADS = 8
 
 
+# BLAS's thread count is process-wide: limits are set and restored one at a time (two
+# overlapping limits restored out of order would leave BLAS at the inner one's count).
+_BLAS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
 def blas_threads(most: int):
-    """A context manager holding BLAS to at most `most` threads (and never to more than it
-    has now, which `OPENBLAS_NUM_THREADS` or threadpoolctl may have lowered)."""
-    controller = _blas_threads()
-    now = max(
-        (lib["num_threads"] for lib in controller.info() if lib["user_api"] == "blas"), default=1
-    )
-    return controller.limit(limits=max(1, min(most, now)), user_api="blas")
+    """Holds BLAS to at most `most` threads (and never to more than it has now, which
+    `OPENBLAS_NUM_THREADS` or threadpoolctl may have lowered) inside the block."""
+    with _BLAS_LOCK:
+        controller = _blas_threads()
+        now = max(
+            (lib["num_threads"] for lib in controller.info() if lib["user_api"] == "blas"),
+            default=1,
+        )
+        with controller.limit(limits=max(1, min(most, now)), user_api="blas"):
+            yield
 
 
 def _threads() -> int:
