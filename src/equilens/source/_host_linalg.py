@@ -45,20 +45,16 @@ def _factor(a: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
 
 def _solve_host(a, b, keep_factor: bool):
     with blas_threads(LAPACK_THREADS):
-        return _solve_host_blas(a, b, keep_factor)
-
-
-def _solve_host_blas(a, b, keep_factor: bool):
-    u, scale = _factor(np.array(a, dtype=np.float64))
-    n = b.shape[0]
-    if u is None:
-        x = np.full(n, np.nan, b.dtype)
-        logdet = np.asarray(np.nan, b.dtype)
-    else:
-        y, _ = _lapack()[1](u.T, np.asarray(b, np.float64) * scale, lower=1)
-        x = (y * scale).astype(b.dtype)
-        value = 2.0 * (np.sum(np.log(np.diagonal(u))) - np.sum(np.log(scale)))
-        logdet = np.asarray(value, b.dtype)
+        u, scale = _factor(np.array(a, dtype=np.float64))
+        n = b.shape[0]
+        if u is None:
+            x = np.full(n, np.nan, b.dtype)
+            logdet = np.asarray(np.nan, b.dtype)
+        else:
+            y, _ = _lapack()[1](u.T, np.asarray(b, np.float64) * scale, lower=1)
+            x = (y * scale).astype(b.dtype)
+            value = 2.0 * (np.sum(np.log(np.diagonal(u))) - np.sum(np.log(scale)))
+            logdet = np.asarray(value, b.dtype)
     if not keep_factor:
         return x, logdet
     u = np.full((n, n), np.nan) if u is None else u
