@@ -75,6 +75,7 @@ def test_lapack_threads_are_capped_and_never_raised(monkeypatch, cap):
     import threadpoolctl
 
     from equilens.source import _host_linalg
+    from equilens.source._sparse import _kernels
 
     seen = []
     real = _host_linalg._lapack()
@@ -88,6 +89,8 @@ def test_lapack_threads_are_capped_and_never_raised(monkeypatch, cap):
         return wrapped
 
     monkeypatch.setattr(_host_linalg, "_lapack", lambda: tuple(spy(f) for f in real))
+    kernels = _kernels()
+    monkeypatch.setattr(kernels, "cholesky_envelope", spy(kernels.cholesky_envelope))
     monkeypatch.setattr(_host_linalg, "LAPACK_THREADS", cap)
     a, b = _spd(30, seed=4)
 
@@ -100,6 +103,50 @@ def test_lapack_threads_are_capped_and_never_raised(monkeypatch, cap):
         # and restored afterwards
         info = threadpoolctl.threadpool_info()
         assert all(i["num_threads"] == 2 for i in info if i["user_api"] == "blas")
-    # potrf, potrs and potri ran, each under min(cap, the 2 threads there were)
-    assert len(seen) == 3
+    # the factorisation and potrs, then potrs and potri ran, each under min(cap, the 2
+    # threads there were)
+    assert len(seen) == 4
     assert all(n == min(cap, 2) for n in seen)
+
+
+def _envelope_spd(n: int, seed: int) -> np.ndarray:
+    """An SPD matrix whose rows' non-zeros start at varying distances left of the diagonal
+    (a sum of random outer products of short vectors), with zero entries inside."""
+    rng = np.random.default_rng(seed)
+    a = 0.5 * np.eye(n)
+    for _ in range(3 * n):
+        i = int(rng.integers(0, n))
+        width = int(rng.integers(1, 12 if rng.uniform() < 0.8 else n // 2))
+        v = np.zeros(n)
+        v[max(i - width, 0) : i + 1] = rng.normal(size=i + 1 - max(i - width, 0))
+        v[rng.uniform(size=n) < 0.2] = 0.0
+        a += np.outer(v, v)
+    return a
+
+
+@pytest.mark.parametrize("nb", [1, 7, 16, 64, 200])
+def test_envelope_cholesky_is_the_dense_factor(nb):
+    from equilens.source._sparse import _kernels
+
+    kernels = _kernels()
+    a = _envelope_spd(150, seed=nb)
+    assert np.mean(a == 0.0) > 0.3
+    upper = np.triu(a)  # (the lower triangle is never read)
+    upper[np.tril_indices(150, -1)] = np.nan
+    scale = np.empty(150)
+    assert kernels.cholesky_envelope(upper, scale, nb) == 0
+    s = 1.0 / np.sqrt(np.diagonal(a))
+    assert np.allclose(scale, s, rtol=1e-15, atol=0.0)
+    ref = np.linalg.cholesky(a * s[:, None] * s[None, :]).T
+    assert rel_err(np.triu(upper), ref) < 1e-13
+
+
+@pytest.mark.parametrize("nb", [4, 64])
+def test_envelope_cholesky_reports_where_positive_definiteness_fails(nb):
+    from equilens.source._sparse import _kernels
+
+    a = _envelope_spd(40, seed=3)
+    a[25, 25] = 1e-3  # the leading 26 x 26 block is no longer positive definite
+    first = next(k for k in range(1, 41) if np.any(np.linalg.eigvalsh(a[:k, :k]) <= 0))
+    info = _kernels().cholesky_envelope(np.triu(a), np.empty(40), nb)
+    assert info == first

@@ -14,7 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, Int
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 #: Sparse rows of a linear operator on the source values: `rows @ s = sum_k coef[:, k] *
 #: s[idx[:, k]]`.
@@ -94,7 +94,7 @@ class RectilinearGeometry(AbstractGeometry):
     """Nodes at the crossings of increasing coordinates `xs` (columns) and `ys` (rows);
     values in row-major order (`values.reshape(ny, nx)` is an image with x along columns).
     Points are interpolated bilinearly from the four corners of their cell; points outside
-    `[xs[0], xs[-1]] x [ys[0], ys[-1]]` get zero weights."""
+    `[xs[0], xs[-1]] x [ys[0], ys[-1]]` (beyond round-off: `EDGE_SLACK`) get zero weights."""
 
     fixed: ClassVar[tuple[str, ...]] = ("xs", "ys")
     xs: Float[Array, " nx"]
@@ -118,7 +118,7 @@ class RectilinearGeometry(AbstractGeometry):
         _ny, nx = self.shape
         ix, tx = _cell(self.xs, x)
         iy, ty = _cell(self.ys, y)
-        inside = (x >= self.xs[0]) & (x <= self.xs[-1]) & (y >= self.ys[0]) & (y <= self.ys[-1])
+        inside = _on_edges(self.xs, x) & _on_edges(self.ys, y)
         base = iy * nx + ix
         idx = jnp.stack([base, base + 1, base + nx, base + nx + 1], axis=1)
         w = jnp.stack([(1 - tx) * (1 - ty), tx * (1 - ty), (1 - tx) * ty, tx * ty], axis=1)
@@ -130,6 +130,19 @@ class RectilinearGeometry(AbstractGeometry):
 
     def curvature_matrix(self) -> Float[Array, "n n"]:
         return jnp.asarray(rect_operator_matrix(*self.shape, 2), dtype=self.xs.dtype)
+
+
+#: Points this many round-off units (of the edge coordinates) outside a rectangular mesh
+#: still count as on it: a mesh fitted to the traced pixels has the outermost ones on its
+#: edges, and the same rays traced again by another computation (rendering a completed
+#: model) may land an ulp or two outside.
+EDGE_SLACK = 64
+
+
+def _on_edges(edges: Float[Array, " k"], v: Float[Array, " m"]) -> Bool[Array, " m"]:
+    """Whether `v` lies within `[edges[0], edges[-1]]`, to round-off (`EDGE_SLACK`)."""
+    slack = EDGE_SLACK * jnp.finfo(edges.dtype).eps * (jnp.abs(edges[0]) + jnp.abs(edges[-1]))
+    return (v >= edges[0] - slack) & (v <= edges[-1] + slack)
 
 
 def _cell(edges: Float[Array, " k"], v: Float[Array, " m"]) -> tuple[Int[Array, " m"], Array]:

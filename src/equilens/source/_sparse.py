@@ -179,30 +179,43 @@ def _threads() -> int:
     return max(n, 1)
 
 
-def _callback(name: str, shapes, *operands, extra: tuple = ()):
-    """Runs kernel `name` on the host: `kernel(n_threads, *extra, *operands)` with integer
-    operands as int64 and floating ones as float64; outputs in the dtype of `shapes`."""
+def host64(*arrays) -> list[np.ndarray]:
+    """The kernels' operands: integer arrays as int64, floating ones as float64."""
+    return [
+        np.asarray(x, np.int64 if np.issubdtype(x.dtype, np.integer) else np.float64)
+        for x in arrays
+    ]
 
-    def host(*arrays):
-        cast = [
-            np.asarray(x, np.int64 if np.issubdtype(x.dtype, np.integer) else np.float64)
-            for x in arrays
-        ]
-        # The kernels call BLAS on small blocks from each of Numba's threads: BLAS's own
-        # threads would oversubscribe the cores (measured 2-4x slower at 2 to 16 threads).
-        with _LOCK, blas_threads(1):
-            out = getattr(_kernels(), name)(_threads(), *extra, *cast)
-        return tuple(o.astype(s.dtype, copy=False) for o, s in zip(out, shapes, strict=True))
 
-    tables = operands[-1]
-    arrays = (
-        *operands[:-1],
+def run_kernel(name: str, *args):
+    """`kernel(n_threads, *args)` of `_sparse_kernels`, one call at a time, with BLAS
+    single-threaded: the kernels call BLAS on small blocks from each of Numba's threads,
+    and BLAS's own threads would oversubscribe the cores (measured 2-4x slower at 2 to 16
+    threads)."""
+    with _LOCK, blas_threads(1):
+        return getattr(_kernels(), name)(_threads(), *args)
+
+
+def table_arrays(tables: SparseTables) -> tuple:
+    """The arrays of `tables`, in the kernels' order."""
+    return (
         tables.tile_rows,
         tables.input_ptr,
         tables.input_pixel,
         tables.input_offset,
         tables.psf_columns,
     )
+
+
+def _callback(name: str, shapes, *operands, extra: tuple = ()):
+    """Runs kernel `name` on the host: `kernel(n_threads, *extra, *operands)` with integer
+    operands as int64 and floating ones as float64; outputs in the dtype of `shapes`."""
+
+    def host(*arrays):
+        out = run_kernel(name, *extra, *host64(*arrays))
+        return tuple(o.astype(s.dtype, copy=False) for o, s in zip(out, shapes, strict=True))
+
+    arrays = (*operands[:-1], *table_arrays(operands[-1]))
     return jax.pure_callback(host, shapes, *arrays, vmap_method="sequential")
 
 

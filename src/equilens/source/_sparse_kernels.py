@@ -14,18 +14,20 @@ import numba
 import numpy as np
 
 
-def _blas(name: str):
-    """A BLAS routine of SciPy's (Fortran calling convention: every argument a pointer),
-    passed to the kernels as an argument (so that Numba can still cache them)."""
+def _blas(name: str, n_args: int, module: str = "blas"):
+    """A BLAS (or LAPACK) routine of SciPy's (Fortran calling convention: every argument a
+    pointer), passed to the kernels as an argument (so that Numba can still cache them)."""
     from numba.extending import get_cython_function_address
 
     ptr = ctypes.c_void_p
-    return ctypes.CFUNCTYPE(None, *([ptr] * 10))(
-        get_cython_function_address("scipy.linalg.cython_blas", name)
+    return ctypes.CFUNCTYPE(None, *([ptr] * n_args))(
+        get_cython_function_address(f"scipy.linalg.cython_{module}", name)
     )
 
 
-_SYRK = _blas("dsyrk")
+_SYRK = _blas("dsyrk", 10)
+_TRSM = _blas("dtrsm", 11)
+_POTRF = _blas("dpotrf", 5, "lapack")
 # Reassociated sums (vectorised dot products) and fused multiply-adds; no assumptions
 # about NaN or infinity.
 _REASSOC = {"reassoc", "contract"}
@@ -124,6 +126,14 @@ def build_block(
     return n_local
 
 
+#: Block rows of `envelope_cholesky` (96 measured fastest on one core, 32 to 192 tried).
+ENVELOPE_BLOCK = 96
+#: The envelope is factored by block rows only when that costs at most this fraction of
+#: the dense factorisation's multiply-adds; otherwise by LAPACK's `potrf` at once (on one
+#: core, the 32x32 mesh's system at 0.36 of the dense cost took 0.6 of its time, a
+#: shuffled one at 0.87 took 1.8 times).
+ENVELOPE_MAX_COST = 0.5
+
 #: Memory for the extra per-thread accumulators of F in the forward kernel (kept between
 #: calls: fresh pages would cost more than the work at 16 threads); fewer threads are used
 #: in the tile loop when it would take more.
@@ -137,9 +147,19 @@ def _accumulators(n: int, n_s: int) -> np.ndarray:
 
 def forward(n_threads, n_s, *arrays):
     """`F = C^T C` and `E = C^T V` (see `equilens.source._sparse`)."""
+    out = np.empty((n_s, n_s))
+    e = forward_into(n_threads, out, 0, *arrays)
+    mirror_upper(out)
+    return out, e
+
+
+def forward_into(n_threads, out, o, *arrays):
+    """The upper triangle of `F` into `out[o:, o:]` (`out` square, C order; nothing else
+    of it is written) and `E`."""
+    n_s = out.shape[0] - o
     n_tiles = arrays[4].shape[0]
     n_chunks = max(1, min(n_threads, n_tiles, 1 + ACCUMULATOR_BYTES // (8 * n_s * n_s)))
-    return _forward(n_chunks, _SYRK, _accumulators(n_chunks - 1, n_s), n_s, *arrays)
+    return _forward(n_chunks, _SYRK, _accumulators(n_chunks - 1, n_s), out, o, *arrays)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -148,7 +168,8 @@ def _forward(
     n_chunks,
     syrk,
     parts,
-    n_s,
+    out,
+    o,
     idx,
     w,
     values,
@@ -160,14 +181,15 @@ def _forward(
     psf,
 ):
     # tiles in n_chunks chunks, one per thread, each accumulating the upper triangle of F
-    # (chunk 0 into the output, the others into `parts`), summed in parallel at the end
+    # (chunk 0 into out[o:, o:], the others into `parts`), summed in parallel at the end
     n_tiles, t2 = tile_rows.shape
+    n_s = out.shape[0] - o
     m = values.shape[1]
-    out = np.empty((n_s, n_s))
     e_parts = np.zeros((n_chunks, n_s, m))
     for c in numba.prange(n_chunks):
         f = out if c == 0 else parts[c - 1]
-        for i in range(n_s):
+        d = o if c == 0 else 0
+        for i in range(d, d + n_s):
             f[i, i:] = 0.0
         local = np.full(n_s, -1, dtype=np.int64)
         members = np.empty(n_s, dtype=np.int64)
@@ -199,9 +221,9 @@ def _forward(
             ev = np.dot(ct, vt)
             # F's upper triangle (members ascending: F[mb, ma] with mb <= ma)
             for b in range(n_local):
-                row = f[members[b]]
+                row = f[d + members[b]]
                 for a in range(b, n_local):
-                    row[members[a]] += g[a, b]
+                    row[d + members[a]] += g[a, b]
             for a in range(n_local):
                 ma = members[a]
                 for q in range(m):
@@ -212,15 +234,14 @@ def _forward(
         # rows h and n_s - 1 - h together: balanced halves of the upper triangle
         for h in numba.prange((n_s + 1) // 2):
             for c in range(n_chunks - 1):
-                out[h, h:] += parts[c, h, h:]
+                out[o + h, o + h :] += parts[c, h, h:]
             i = n_s - 1 - h
             if i != h:
                 for c in range(n_chunks - 1):
-                    out[i, i:] += parts[c, i, i:]
+                    out[o + i, o + i :] += parts[c, i, i:]
         for c in range(1, n_chunks):
             e += e_parts[c]
-    mirror_upper(out)
-    return out, e
+    return e
 
 
 @numba.njit(cache=True, nogil=True)
@@ -236,15 +257,29 @@ def mirror_upper(a):
                     a[i, j] = a[j, i]
 
 
+def backward(n_threads, idx, w, values, inv_sigma, f_bar, e_bar, *tables):
+    """The cotangents of `w` and `V` from those of `F` and `E` (any `f_bar`)."""
+    n_s = f_bar.shape[0]
+    zeros = np.zeros(n_s)
+    g = f_bar + f_bar.T
+    args = (idx, w, values, inv_sigma, e_bar, *tables)
+    return backward_inverse(n_threads, g, np.ones(n_s), zeros, zeros, 0.5, 0, *args)
+
+
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath=_REASSOC)
 @no_type_check
-def backward(
+def backward_inverse(
     n_threads,
+    z,
+    scale,
+    b_bar,
+    x,
+    l_bar,
+    o,
     idx,
     w,
     values,
     inv_sigma,
-    f_bar,
     e_bar,
     tile_rows,
     input_ptr,
@@ -252,8 +287,13 @@ def backward(
     input_offset,
     psf,
 ):
+    # The cotangents of w and V for f_bar = l_bar S Z S - b_bar x^T on the source block
+    # (`z`: the upper triangle of Z in z[o:, o:], S = diag(scale[o:]), b_bar and x offset
+    # by o likewise): the cotangent of x = a^-1 b and l = log det a with respect to the
+    # a = F + ... that has F in a[o:, o:] (a^-1 = S Z S; see `_host_linalg`). Each tile
+    # reads (f_bar + f_bar^T)[S, S] off Z and the two vectors.
     n_tiles, t2 = tile_rows.shape
-    n_s = f_bar.shape[0]
+    n_s = z.shape[0] - o
     m = values.shape[1]
     k = idx.shape[1]
     w_bar = np.zeros(w.shape)
@@ -288,18 +328,19 @@ def backward(
             fl = np.empty((n_local, n_local))
             el = np.empty((n_local, m))
             for a in range(n_local):
-                row = f_bar[members[a]]
-                for b in range(n_local):
-                    fl[a, b] = row[members[b]]
-                for q in range(m):
-                    el[a, q] = e_bar[members[a], q]
-            # (Fbar + Fbar^T)[S, S], symmetrised on the small block
-            for a in range(n_local):
+                za = o + members[a]
+                sa = 2.0 * l_bar * scale[za]
+                zrow = z[za]
+                ba = b_bar[za]
+                xa = x[za]
+                fl[a, a] = sa * zrow[za] * scale[za] - 2.0 * ba * xa
                 for b in range(a + 1, n_local):
-                    v = fl[a, b] + fl[b, a]
+                    zb = o + members[b]
+                    v = sa * zrow[zb] * scale[zb] - ba * x[zb] - xa * b_bar[zb]
                     fl[a, b] = v
                     fl[b, a] = v
-                fl[a, a] *= 2.0
+                for q in range(m):
+                    el[a, q] = e_bar[members[a], q]
             ct = block[:n_local]
             # dC (n_local x t2) = (Fbar + Fbar^T)[S, S] C + Ebar[S] V^T
             dc = np.dot(fl, ct) + np.dot(el, vt.T)
@@ -349,25 +390,12 @@ def jacobi_upper(a, scale):
 
 @numba.njit(cache=True, nogil=True)
 @no_type_check
-def solve_cotangent(upper, scale, x, x_bar, l_bar, b_bar):
-    # The cotangents of x = a^-1 b and log det a, from `upper` (the upper triangle of the
-    # inverse of the scaled S a S, so a^-1 = S upper S): b_bar = a^-1 x_bar,
-    # a_bar = l_bar a^-1 - b_bar x^T (in blocks, so that the transposed reads of the lower
-    # half stay in cache).
-    n = x.shape[0]
-    for i in range(n):
-        for j in range(i, n):
-            upper[i, j] *= scale[i] * scale[j]
-    for i in range(n):
-        b_bar[i] = 0.0
-    for i in range(n):
-        acc = upper[i, i] * x_bar[i]
-        xi = x_bar[i]
-        for j in range(i + 1, n):
-            v = upper[i, j]
-            acc += v * x_bar[j]
-            b_bar[j] += v * xi
-        b_bar[i] += acc
+def inverse_cotangent(z, scale, b_bar, x, l_bar, o):
+    # a_bar[o:, o:] = l_bar S Z S - b_bar x^T (n x n, from the upper triangle of z[o:, o:],
+    # S = diag(scale), vectors offset by o likewise): the cotangent of a in x = a^-1 b,
+    # l = log det a, with a^-1 = S Z S (in blocks, so that the transposed reads of the
+    # lower half stay in cache)
+    n = z.shape[0] - o
     a_bar = np.empty((n, n))
     nb = 64
     for i0 in range(0, n, nb):
@@ -375,10 +403,11 @@ def solve_cotangent(upper, scale, x, x_bar, l_bar, b_bar):
         for j0 in range(0, n, nb):
             j1 = min(j0 + nb, n)
             for i in range(i0, i1):
-                bi = b_bar[i]
+                bi = b_bar[o + i]
+                si = l_bar * scale[o + i]
                 for j in range(j0, j1):
-                    v = upper[i, j] if i <= j else upper[j, i]
-                    a_bar[i, j] = l_bar * v - bi * x[j]
+                    v = z[o + i, o + j] if i <= j else z[o + j, o + i]
+                    a_bar[i, j] = si * v * scale[o + j] - bi * x[o + j]
     return a_bar
 
 
@@ -390,3 +419,105 @@ def zero_lower(a):
         for j in range(i):
             a[i, j] = 0.0
     return a
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
+def add_upper(a, o, b):
+    # the upper triangle of a[o:, o:] += that of b
+    for i in range(b.shape[0]):
+        row = a[o + i]
+        src = b[i]
+        for j in range(i, b.shape[0]):
+            row[o + j] += src[j]
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
+def jacobi_envelope(a, scale, start):
+    # as `jacobi_upper`, and start[j] <- the first row with a non-zero in column j of the
+    # upper triangle (j itself for none above the diagonal)
+    jacobi_upper(a, scale)
+    n = a.shape[0]
+    for j in range(n):
+        start[j] = j
+    for i in range(n):
+        row = a[i]
+        for j in range(i + 1, n):
+            if row[j] != 0.0 and start[j] > i:
+                start[j] = i
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
+def envelope_cholesky(trsm, syrk, potrf, a, start, nb):
+    # The Cholesky factor of the symmetric positive-definite matrix whose upper triangle is
+    # in `a` (C order), in place: the lower factor L of the Fortran-order view M = a^T
+    # (= the upper factor of a), by block rows of M restricted to its envelope. Row i of L
+    # is zero left of start[i] (the first non-zero of row i of M's lower triangle; the
+    # envelope keeps no fill outside it), so block row I = [i0, i1) only needs the window
+    # s = min start[I]: L[I, s:i0] = M[I, s:i0] L[s:i0, s:i0]^-T (trsm), then
+    # M[I, I] -= L[I, s:i0] L[I, s:i0]^T (syrk) and its own factor (potrf): the dense
+    # algorithm's result (the entries outside the envelope stay exact zeros) in
+    # sum_I |I| (i0 - s)^2 / 2 multiply-adds instead of n^3 / 6. Returns LAPACK's info
+    # (0, or the first row at which M is not positive definite, from 1).
+    n = a.shape[0]
+    ld = np.array([n], np.int32)
+    one = np.array([1.0])
+    minus_one = np.array([-1.0])
+    ch = np.array([ord("R"), ord("L"), ord("T"), ord("N")], np.uint8)
+    info = np.zeros(1, np.int32)
+    for i0 in range(0, n, nb):
+        i1 = min(i0 + nb, n)
+        m = np.array([i1 - i0], np.int32)
+        s = i0
+        for i in range(i0, i1):
+            s = min(s, start[i])
+        k = np.array([i0 - s], np.int32)
+        if i0 > s:
+            # M[r, c] is a[c, r]: the block M[i0:, s:] starts at a[s, i0] (leading dim n)
+            trsm(
+                ch[0:].ctypes,
+                ch[1:].ctypes,
+                ch[2:].ctypes,
+                ch[3:].ctypes,
+                m.ctypes,
+                k.ctypes,
+                one.ctypes,
+                a[s:, s:].ctypes,
+                ld.ctypes,
+                a[s:, i0:].ctypes,
+                ld.ctypes,
+            )
+            syrk(
+                ch[1:].ctypes,
+                ch[3:].ctypes,
+                m.ctypes,
+                k.ctypes,
+                minus_one.ctypes,
+                a[s:, i0:].ctypes,
+                ld.ctypes,
+                one.ctypes,
+                a[i0:, i0:].ctypes,
+                ld.ctypes,
+            )
+        potrf(ch[1:].ctypes, m.ctypes, a[i0:, i0:].ctypes, ld.ctypes, info.ctypes)
+        if info[0] != 0:
+            return i0 + info[0]
+    return 0
+
+
+def cholesky_envelope(a, scale, nb=ENVELOPE_BLOCK):
+    """`jacobi_upper` and the Cholesky factor (upper, of the C-order `a`; its lower
+    triangle untouched) by `envelope_cholesky`, or in one block when the envelope is too
+    wide to pay (`ENVELOPE_MAX_COST`); LAPACK's info."""
+    n = a.shape[0]
+    start = np.empty(n, np.int64)
+    jacobi_envelope(a, scale, start)
+    if n > nb:
+        i0 = np.arange(0, n, nb)
+        width = (i0 - np.minimum.reduceat(start, i0)).astype(np.float64)
+        cost = np.sum(np.diff(np.append(i0, n)) * width**2) / 2
+        if cost > ENVELOPE_MAX_COST * n**3 / 6:
+            nb = n
+    return envelope_cholesky(_TRSM, _SYRK, _POTRF, a, start, nb)

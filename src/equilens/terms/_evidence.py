@@ -10,8 +10,10 @@ from .._autodiff import reverse_mode_scalar
 from .._lens_system import LensSystem
 from ..data import Imaging
 from ..psf import FFTConvolution
+from ..source._host_linalg import sparse_system_solve
 from ..source._inversion import (
     Inversion,
+    Solution,
     blur_mapping,
     curvature_w_tilde,
     map_to_image,
@@ -206,8 +208,11 @@ class LogEvidence(AbstractImagingTerm):
             if self.tables is None:
                 raise ValueError("route 'sparse' needs LogEvidence(..., route='sparse')")
             values = jnp.concatenate([target[:, None], light.T], axis=1)
-            curvature, projected = sparse_gram(idx, w, values, inv_sigma, n_s, self.tables)
-            d_source, cross = projected[:, 0], projected[:, 1:]
+            # (solved in one host call below, unless the errors or a positive-only solve
+            # need the curvature matrix here)
+            if errors or self.nonnegative:
+                curvature, projected = sparse_gram(idx, w, values, inv_sigma, n_s, self.tables)
+                d_source, cross = projected[:, 0], projected[:, 1:]
         else:
             if self.w_tilde is None or self.neighbours is None:
                 raise ValueError("route 'w_tilde' needs LogEvidence(..., route='w_tilde')")
@@ -228,15 +233,22 @@ class LogEvidence(AbstractImagingTerm):
             signal = jnp.zeros(n_s, w.dtype)
         reg, log_det_reg = src.regularization.matrix(geometry, signal)
 
-        a = jnp.block([[light @ light.T, cross.T], [cross, curvature + reg]])
-        b = jnp.concatenate([light @ target, d_source])
-        positive = None
-        if self.nonnegative:
-            positive = jnp.arange(n_lin + n_s) >= n_lin
-        # The sparse route runs on the host CPU: so does its solve (LAPACK), except when
-        # the errors are wanted (their factor is then differentiable, as on the other
-        # routes).
-        sol = solve_system(a, b, positive, host=route == "sparse" and not errors)
+        if route == "sparse" and not (errors or self.nonnegative):
+            # The sparse route runs on the host CPU: so does its solve (LAPACK), in the
+            # same call as the curvature matrix.
+            x, logdet = sparse_system_solve(
+                idx, w, values, inv_sigma, reg, light @ light.T, light @ target, self.tables
+            )
+            sol = Solution(x=x, log_det_curvature=logdet, factor=None, scale=jnp.ones_like(x))
+        else:
+            a = jnp.block([[light @ light.T, cross.T], [cross, curvature + reg]])
+            b = jnp.concatenate([light @ target, d_source])
+            positive = None
+            if self.nonnegative:
+                positive = jnp.arange(n_lin + n_s) >= n_lin
+            # (the host solve also on the sparse route, except when the errors are wanted:
+            # their factor is then differentiable, as on the other routes)
+            sol = solve_system(a, b, positive, host=route == "sparse" and not errors)
         amps, values = sol.x[:n_lin], sol.x[n_lin:]
 
         flux = map_to_image(idx, w, values)
