@@ -169,25 +169,24 @@ def _system_host(idx, w, values, inv_sigma, reg, gram, rhs, *tables, keep_factor
     return *out, u.astype(dtype, copy=False), scale.astype(dtype)
 
 
+#: The differentiable operands of `sparse_system_solve`, in order.
+_DIFF: tuple[str, ...] = ("w", "values", "reg", "gram", "rhs")
+
+
 def _system_bwd_host(u, scale, x, x_bar, l_bar, idx, w, values, inv_sigma, *tables, o, need):
-    # cotangents of (w, values), reg, gram, rhs (see `_system_host`), those in `need`
+    # the cotangents of the operands named in `need` (see `_system_host`)
     n = x.shape[0]
     dtype = u.dtype
-    shapes = {
-        "w": (w.shape, values.shape),
-        "reg": ((n - o, n - o),),
-        "gram": ((o, o),),
-        "rhs": ((o,),),
-    }
+    shapes = {"w": w.shape, "values": values.shape, "reg": (n - o,) * 2, "gram": (o, o)}
     if not np.all(np.isfinite(u)):
-        return tuple(np.zeros(s, dtype) for key in need for s in shapes[key])
+        return tuple(np.zeros(shapes.get(key, (o,)), dtype) for key in need)
     from ._sparse_kernels import inverse_cotangent
 
     scale, x, x_bar = (np.asarray(v, np.float64) for v in (scale, x, x_bar))
     l_bar = float(l_bar)
     b_bar, z = _inverse(np.array(u, dtype=np.float64), scale, x_bar)
-    out = {}
-    if "w" in need:
+    out: dict[str, np.ndarray] = {"rhs": b_bar[:o]}
+    if "w" in need or "values" in need:
         # E's cotangent: [b_bar of E0, that of E1 (E1 is in a twice: a[o:, :o] and its
         # transpose a[:o, o:]): 2 l_bar (S Z S)[o:, :o] - b_bar[o:] x[:o]^T - x[o:] b_bar[:o]^T]
         inv_cross = scale[o:, None] * z[:o, o:].T * scale[None, :o]
@@ -197,16 +196,14 @@ def _system_bwd_host(u, scale, x, x_bar, l_bar, idx, w, values, inv_sigma, *tabl
             2.0 * l_bar * inv_cross - np.outer(b_bar[o:], x[:o]) - np.outer(x[o:], b_bar[:o])
         )
         args = host64(idx, w, values, inv_sigma, *tables)
-        out["w"] = run_kernel(
+        out["w"], out["values"] = run_kernel(
             "backward_inverse", z, scale, b_bar, x, l_bar, o, *args[:4], e_bar, *args[4:]
         )
     if "reg" in need:
-        out["reg"] = (inverse_cotangent(z, scale, b_bar, x, l_bar, o),)
+        out["reg"] = inverse_cotangent(z, scale, b_bar, x, l_bar, o)
     if "gram" in need:
-        out["gram"] = (inverse_cotangent(z[:o, :o], scale, b_bar, x, l_bar, 0),)
-    if "rhs" in need:
-        out["rhs"] = (b_bar[:o],)
-    return tuple(v.astype(dtype, copy=False) for key in need for v in out[key])
+        out["gram"] = inverse_cotangent(z[:o, :o], scale, b_bar, x, l_bar, 0)
+    return tuple(out[key].astype(dtype, copy=False) for key in need)
 
 
 def _system(diff, idx, inv_sigma, tables, keep_factor: bool):
@@ -235,39 +232,18 @@ def _sparse_system_fwd(perturbed, diff, idx, inv_sigma, tables):
 @_sparse_system.def_bwd
 def _sparse_system_bwd(residuals, g, perturbed, diff, idx, inv_sigma, tables):
     u, scale, x = residuals
-    w, values, reg, gram, rhs = diff
+    w, values, _, gram, _ = diff
     x_bar, l_bar = g
     # (a symbolic-zero cotangent arrives as None)
     x_bar = jnp.zeros_like(x) if x_bar is None else x_bar
     l_bar = jnp.zeros((), x.dtype) if l_bar is None else l_bar
-    p_w, p_values, p_reg, p_gram, p_rhs = perturbed
-    need = tuple(
-        key
-        for key, p in (("w", p_w or p_values), ("reg", p_reg), ("gram", p_gram), ("rhs", p_rhs))
-        if p
-    )
-    o = gram.shape[0]
-    shapes = {
-        "w": (w.shape, values.shape),
-        "reg": (reg.shape,),
-        "gram": (gram.shape,),
-        "rhs": (rhs.shape,),
-    }
-    out_shapes = tuple(jax.ShapeDtypeStruct(s, x.dtype) for key in need for s in shapes[key])
-    host = functools.partial(_system_bwd_host, o=o, need=need)
+    arrays = dict(zip(_DIFF, diff, strict=True))
+    need = tuple(key for key, p in zip(_DIFF, perturbed, strict=True) if p)
+    shapes = tuple(jax.ShapeDtypeStruct(arrays[key].shape, x.dtype) for key in need)
+    host = functools.partial(_system_bwd_host, o=gram.shape[0], need=need)
     args = (u, scale, x, x_bar, l_bar, idx, w, values, inv_sigma, *table_arrays(tables))
-    flat = iter(
-        jax.pure_callback(host, out_shapes, *args, vmap_method="sequential") if need else ()
-    )
-    got = {key: tuple(next(flat) for _ in shapes[key]) for key in need}
-    w_bar, v_bar = got.get("w", (None, None))
-    return (
-        w_bar if p_w else None,
-        v_bar if p_values else None,
-        got["reg"][0] if p_reg else None,
-        got["gram"][0] if p_gram else None,
-        got["rhs"][0] if p_rhs else None,
-    )
+    got = jax.pure_callback(host, shapes, *args, vmap_method="sequential") if need else ()
+    return tuple(dict(zip(need, got, strict=True)).get(key) for key in _DIFF)
 
 
 def sparse_system_solve(

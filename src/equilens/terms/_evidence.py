@@ -198,32 +198,6 @@ class LogEvidence(AbstractImagingTerm):
             route = self.route_for(n_s, k)
         elif route not in ROUTES[1:]:
             raise ValueError(f"route must be one of {ROUTES[1:]}, got {route!r}")
-        if route == "dense":
-            blurred = blur_mapping(idx, w, n_s, self.mapped, conv)
-            c = blurred.reshape(n_s, ny * nx)[:, self.pixels] * inv_sigma[None, :]
-            curvature = c @ c.T
-            d_source = c @ target
-            cross = c @ light.T
-        elif route == "sparse":
-            if self.tables is None:
-                raise ValueError("route 'sparse' needs LogEvidence(..., route='sparse')")
-            values = jnp.concatenate([target[:, None], light.T], axis=1)
-            # (solved in one host call below, unless the errors or a positive-only solve
-            # need the curvature matrix here)
-            if errors or self.nonnegative:
-                curvature, projected = sparse_gram(idx, w, values, inv_sigma, n_s, self.tables)
-                d_source, cross = projected[:, 0], projected[:, 1:]
-        else:
-            if self.w_tilde is None or self.neighbours is None:
-                raise ValueError("route 'w_tilde' needs LogEvidence(..., route='w_tilde')")
-            curvature = curvature_w_tilde(idx, w, n_s, self.neighbours, self.w_tilde)
-            weighted = jnp.concatenate([target[None, :], light]) * inv_sigma[None, :]
-            full = jnp.zeros((n_lin + 1, ny * nx), w.dtype).at[:, self.pixels].set(weighted)
-            back = jax.vmap(self.transpose)(full.reshape(n_lin + 1, ny, nx))
-            back = back.reshape(n_lin + 1, ny * nx)[:, self.mapped]
-            projected = map_to_source(idx, w, back.T, n_s)
-            d_source, cross = projected[:, 0], projected[:, 1:]
-
         if src.regularization.uses_signal:
             total = map_to_source(idx, w, self.adapt, n_s)
             cover = map_to_source(idx, w, jnp.ones_like(self.adapt), n_s)
@@ -233,22 +207,42 @@ class LogEvidence(AbstractImagingTerm):
             signal = jnp.zeros(n_s, w.dtype)
         reg, log_det_reg = src.regularization.matrix(geometry, signal)
 
-        if route == "sparse" and not (errors or self.nonnegative):
-            # The sparse route runs on the host CPU: so does its solve (LAPACK), in the
-            # same call as the curvature matrix.
-            x, logdet = sparse_system_solve(
-                idx, w, values, inv_sigma, reg, light @ light.T, light @ target, self.tables
-            )
-            sol = Solution(x=x, log_det_curvature=logdet, factor=None, scale=jnp.ones_like(x))
-        else:
+        positive = jnp.arange(n_lin + n_s) >= n_lin if self.nonnegative else None
+
+        def solve(curvature, d_source, cross, host=False):
             a = jnp.block([[light @ light.T, cross.T], [cross, curvature + reg]])
             b = jnp.concatenate([light @ target, d_source])
-            positive = None
-            if self.nonnegative:
-                positive = jnp.arange(n_lin + n_s) >= n_lin
-            # (the host solve also on the sparse route, except when the errors are wanted:
-            # their factor is then differentiable, as on the other routes)
-            sol = solve_system(a, b, positive, host=route == "sparse" and not errors)
+            return solve_system(a, b, positive, host=host)
+
+        if route == "dense":
+            blurred = blur_mapping(idx, w, n_s, self.mapped, conv)
+            c = blurred.reshape(n_s, ny * nx)[:, self.pixels] * inv_sigma[None, :]
+            sol = solve(c @ c.T, c @ target, c @ light.T)
+        elif route == "sparse":
+            if self.tables is None:
+                raise ValueError("route 'sparse' needs LogEvidence(..., route='sparse')")
+            values = jnp.concatenate([target[:, None], light.T], axis=1)
+            if errors or self.nonnegative:
+                # the curvature matrix back in JAX; the host solve, except for the errors
+                # (their factor is then differentiable, as on the other routes)
+                curvature, projected = sparse_gram(idx, w, values, inv_sigma, n_s, self.tables)
+                sol = solve(curvature, projected[:, 0], projected[:, 1:], host=not errors)
+            else:
+                # the curvature matrix and the solve in one host call
+                x, logdet = sparse_system_solve(
+                    idx, w, values, inv_sigma, reg, light @ light.T, light @ target, self.tables
+                )
+                sol = Solution(x=x, log_det_curvature=logdet, factor=None, scale=jnp.ones_like(x))
+        else:
+            if self.w_tilde is None or self.neighbours is None:
+                raise ValueError("route 'w_tilde' needs LogEvidence(..., route='w_tilde')")
+            curvature = curvature_w_tilde(idx, w, n_s, self.neighbours, self.w_tilde)
+            weighted = jnp.concatenate([target[None, :], light]) * inv_sigma[None, :]
+            full = jnp.zeros((n_lin + 1, ny * nx), w.dtype).at[:, self.pixels].set(weighted)
+            back = jax.vmap(self.transpose)(full.reshape(n_lin + 1, ny, nx))
+            back = back.reshape(n_lin + 1, ny * nx)[:, self.mapped]
+            projected = map_to_source(idx, w, back.T, n_s)
+            sol = solve(curvature, projected[:, 0], projected[:, 1:])
         amps, values = sol.x[:n_lin], sol.x[n_lin:]
 
         flux = map_to_image(idx, w, values)
