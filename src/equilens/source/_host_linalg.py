@@ -80,14 +80,21 @@ def _inverse(u: np.ndarray, scale: np.ndarray, x_bar: np.ndarray):
     return y * scale, lower.T
 
 
-def _solve_host(a, b, keep_factor: bool):
-    x, logdet, u, scale = _solve_factored(np.array(a, dtype=np.float64), np.asarray(b, np.float64))
-    out = (x.astype(b.dtype), np.asarray(logdet, b.dtype))
+def _outputs(solved: tuple, dtype, keep_factor: bool) -> tuple:
+    """`_solve_factored`'s results in `dtype` for JAX: `x`, `log det` and, with
+    `keep_factor`, the factor (NaN when there is none) and the scale."""
+    x, logdet, u, scale = solved
+    out = (x.astype(dtype), np.asarray(logdet, dtype))
     if not keep_factor:
         return out
-    n = b.shape[0]
+    n = x.shape[0]
     u = np.full((n, n), np.nan) if u is None else u
-    return *out, u.astype(a.dtype, copy=False), scale.astype(b.dtype)
+    return *out, u.astype(dtype, copy=False), scale.astype(dtype)
+
+
+def _solve_host(a, b, keep_factor: bool):
+    solved = _solve_factored(np.array(a, dtype=np.float64), np.asarray(b, np.float64))
+    return _outputs(solved, b.dtype, keep_factor)
 
 
 def _solve_bwd_host(u, scale, x, x_bar, l_bar):
@@ -161,12 +168,8 @@ def _system_host(idx, w, values, inv_sigma, reg, gram, rhs, *tables, keep_factor
     add_upper(a, o, reg)
     a[:o, :o] = gram
     a[:o, o:] = e[:, 1:].T
-    x, logdet, u, scale = _solve_factored(a, np.concatenate([rhs, e[:, 0]]))
-    out = (x.astype(dtype), np.asarray(logdet, dtype))
-    if not keep_factor:
-        return out
-    u = np.full((n, n), np.nan) if u is None else u
-    return *out, u.astype(dtype, copy=False), scale.astype(dtype)
+    solved = _solve_factored(a, np.concatenate([rhs, e[:, 0]]))
+    return _outputs(solved, dtype, keep_factor)
 
 
 #: The differentiable operands of `sparse_system_solve`, in order.
@@ -177,9 +180,9 @@ def _system_bwd_host(u, scale, x, x_bar, l_bar, idx, w, values, inv_sigma, *tabl
     # the cotangents of the operands named in `need` (see `_system_host`)
     n = x.shape[0]
     dtype = u.dtype
-    shapes = {"w": w.shape, "values": values.shape, "reg": (n - o,) * 2, "gram": (o, o)}
     if not np.all(np.isfinite(u)):
-        return tuple(np.zeros(shapes.get(key, (o,)), dtype) for key in need)
+        shapes = {"w": w.shape, "values": values.shape, "reg": (n - o,) * 2, "gram": (o, o)}
+        return tuple(np.zeros(shapes.get(key, (o,)), dtype) for key in need)  # rhs: (o,)
     from ._sparse_kernels import inverse_cotangent
 
     scale, x, x_bar = (np.asarray(v, np.float64) for v in (scale, x, x_bar))

@@ -285,7 +285,8 @@ class Inversion(eqx.Module):
     - `chi2`, `regularization_term` (`s^T H s`), `log_det_curvature` (`log det (F+H)`),
       `log_det_regularization` (`log det H`), `noise_normalisation` (`sum log 2 pi
       sigma^2`) and `log_evidence = -(chi2 + s^T H s + log det(F+H) - log det H + sum log
-      2 pi sigma^2) / 2`, which is `-inf` when the system is singular (`valid` False).
+      2 pi sigma^2) / 2`, which is `-inf` when the system is singular (`valid` False;
+      the solved quantities are then NaN, and the evidence's gradient is zero).
     """
 
     values: Float[Array, " n"]

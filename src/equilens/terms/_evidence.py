@@ -243,7 +243,17 @@ class LogEvidence(AbstractImagingTerm):
             back = back.reshape(n_lin + 1, ny * nx)[:, self.mapped]
             projected = map_to_source(idx, w, back.T, n_s)
             sol = solve(curvature, projected[:, 0], projected[:, 1:])
-        amps, values = sol.x[:n_lin], sol.x[n_lin:]
+        # A singular system (or regularization) has a -inf evidence: the terms below are
+        # then computed from zeros in place of its NaN solution (and reported as NaN), so
+        # that its gradient is zero rather than NaN (a NaN would poison an optimiser's
+        # state).
+        solved = (
+            jnp.all(jnp.isfinite(sol.x))
+            & jnp.isfinite(sol.log_det_curvature)
+            & jnp.isfinite(log_det_reg)
+        )
+        x = jnp.where(solved, sol.x, 0.0)
+        amps, values = x[:n_lin], x[n_lin:]
 
         flux = map_to_image(idx, w, values)
         source_image = conv(jnp.zeros(ny * nx, w.dtype).at[self.mapped].set(flux).reshape(ny, nx))
@@ -255,21 +265,26 @@ class LogEvidence(AbstractImagingTerm):
         chi2 = jnp.sum(resid * resid)
         reg_term = values @ (reg @ values)
         norm = noise_normalisation(noise)
-        log_ev = -0.5 * (chi2 + reg_term + sol.log_det_curvature - log_det_reg + norm)
-        valid = jnp.isfinite(log_ev) & jnp.all(jnp.isfinite(sol.x))
+        log_dets = jnp.where(solved, sol.log_det_curvature - log_det_reg, 0.0)
+        log_ev = -0.5 * (chi2 + reg_term + log_dets + norm)
+        valid = solved & jnp.isfinite(log_ev)
         log_ev = jnp.where(valid, log_ev, -jnp.inf)
         err = jnp.zeros_like(values)
         if errors:
             err = jnp.sqrt(jnp.maximum(sol.inverse_diagonal()[n_lin:], 0.0))
+
+        def reported(v):
+            return jnp.where(solved, v, jnp.nan)
+
         return Inversion(
-            values=values,
-            errors=err,
-            amplitudes=amps,
+            values=reported(values),
+            errors=reported(err),
+            amplitudes=reported(amps),
             geometry=geometry,
-            model_image=model,
-            residuals=residuals,
-            chi2=chi2,
-            regularization_term=reg_term,
+            model_image=reported(model),
+            residuals=reported(residuals),
+            chi2=reported(chi2),
+            regularization_term=reported(reg_term),
             log_det_curvature=sol.log_det_curvature,
             log_det_regularization=log_det_reg,
             noise_normalisation=norm,
