@@ -375,21 +375,6 @@ def backward_inverse(
 
 @numba.njit(cache=True, nogil=True)
 @no_type_check
-def jacobi_upper(a, scale):
-    # symmetric Jacobi scaling of the upper triangle of `a` in place:
-    # a_ij <- a_ij s_i s_j with s_i = 1 / sqrt(a_ii) (1 where a_ii <= 0), into `scale`
-    n = a.shape[0]
-    for i in range(n):
-        d = a[i, i]
-        scale[i] = 1.0 / np.sqrt(d) if d > 0.0 else 1.0
-    for i in range(n):
-        si = scale[i]
-        for j in range(i, n):
-            a[i, j] *= si * scale[j]
-
-
-@numba.njit(cache=True, nogil=True)
-@no_type_check
 def inverse_cotangent(z, scale, b_bar, x, l_bar, o):
     # a_bar[o:, o:] = l_bar S Z S - b_bar x^T (n x n, from the upper triangle of z[o:, o:],
     # S = diag(scale), vectors offset by o likewise): the cotangent of a in x = a^-1 b,
@@ -435,17 +420,25 @@ def add_upper(a, o, b):
 @numba.njit(cache=True, nogil=True)
 @no_type_check
 def jacobi_envelope(a, scale, start):
-    # as `jacobi_upper`, and start[j] <- the first row with a non-zero in column j of the
-    # upper triangle (j itself for none above the diagonal)
-    jacobi_upper(a, scale)
+    # symmetric Jacobi scaling of the upper triangle of `a` in place, a_ij <- a_ij s_i s_j
+    # with s_i = 1 / sqrt(a_ii) (1 where a_ii <= 0) into `scale`, and in the same pass
+    # start[j] <- the first row with a non-zero in column j of the upper triangle (j itself
+    # for none above the diagonal)
     n = a.shape[0]
-    for j in range(n):
-        start[j] = j
+    for i in range(n):
+        d = a[i, i]
+        scale[i] = 1.0 / np.sqrt(d) if d > 0.0 else 1.0
+        start[i] = i
     for i in range(n):
         row = a[i]
+        si = scale[i]
         for j in range(i + 1, n):
-            if row[j] != 0.0 and start[j] > i:
-                start[j] = i
+            v = row[j]
+            if v != 0.0:
+                row[j] = v * si * scale[j]
+                if start[j] > i:
+                    start[j] = i
+        row[i] *= si * si
 
 
 @numba.njit(cache=True, nogil=True)
@@ -508,7 +501,7 @@ def envelope_cholesky(trsm, syrk, potrf, a, start, nb):
 
 
 def cholesky_envelope(a, scale, nb=ENVELOPE_BLOCK):
-    """`jacobi_upper` and the Cholesky factor (upper, of the C-order `a`; its lower
+    """`jacobi_envelope` and the Cholesky factor (upper, of the C-order `a`; its lower
     triangle untouched) by `envelope_cholesky`, or in one block when the envelope is too
     wide to pay (`ENVELOPE_MAX_COST`); LAPACK's info."""
     n = a.shape[0]
