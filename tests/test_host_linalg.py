@@ -134,7 +134,7 @@ def test_envelope_cholesky_is_the_dense_factor(nb):
     upper = np.triu(a)  # (the lower triangle is never read)
     upper[np.tril_indices(150, -1)] = np.nan
     scale = np.empty(150)
-    assert kernels.cholesky_envelope(upper, scale, nb) == 0
+    assert kernels.cholesky_envelope(upper, scale, nb=nb) == 0
     s = 1.0 / np.sqrt(np.diagonal(a))
     assert np.allclose(scale, s, rtol=1e-15, atol=0.0)
     ref = np.linalg.cholesky(a * s[:, None] * s[None, :]).T
@@ -148,5 +148,36 @@ def test_envelope_cholesky_reports_where_positive_definiteness_fails(nb):
     a = _envelope_spd(40, seed=3)
     a[25, 25] = 1e-3  # the leading 26 x 26 block is no longer positive definite
     first = next(k for k in range(1, 41) if np.any(np.linalg.eigvalsh(a[:k, :k]) <= 0))
-    info = _kernels().cholesky_envelope(np.triu(a), np.empty(40), nb)
+    info = _kernels().cholesky_envelope(np.triu(a), np.empty(40), nb=nb)
     assert info == first
+
+
+@pytest.mark.parametrize("nb,split", [(1, None), (7, None), (16, 140), (64, 120), (200, None)])
+def test_envelope_inverse_is_the_inverse_on_the_envelope(nb, split):
+    # the selected inverse from the envelope factor: exact on the envelope (every entry a
+    # structure's derivative can need) and finite elsewhere in the upper triangle, with
+    # the linear-light rows (dense, after `split`) in blocks of their own
+    from equilens.source._sparse import _kernels
+
+    kernels = _kernels()
+    n = 150
+    a = _envelope_spd(n, seed=nb)
+    if split is not None:  # dense trailing rows, coupled to everything
+        c = 0.05 * np.random.default_rng(7).normal(size=(n - split, split))
+        a[split:, :split] = c
+        a[:split, split:] = c.T
+        a[split:, split:] += 50.0 * np.eye(n - split)
+    start = np.arange(n)
+    if nb == 7:  # a wider structure given than the non-zeros (kept: exact there too)
+        start = np.maximum(start - 9, 0)
+    u = np.triu(a)
+    scale = np.empty(n)
+    assert kernels.cholesky_envelope(u, scale, start, split, nb=nb) == 0
+    z = np.triu(u)
+    assert kernels.inverse_envelope(z, start, split, nb=nb) == 0
+    ref = np.linalg.inv(a * scale[:, None] * scale[None, :])
+    rows, cols = np.indices((n, n))
+    envelope = (rows <= cols) & (rows >= start[None, :])
+    assert np.mean(envelope[np.triu_indices(n)]) < (0.999 if split is None else 1.0)
+    assert rel_err(np.where(envelope, z, 0.0), np.where(envelope, ref, 0.0)) < 1e-12
+    assert np.all(np.isfinite(np.triu(z)))

@@ -15,6 +15,7 @@ from scipy.spatial import Delaunay
 
 import equilens as el
 from equilens import light, mass
+from equilens.regularization import AbstractRegularization
 from equilens.regularization._regularization import RIDGE
 from helpers import fd_grad, rel_err
 
@@ -399,7 +400,49 @@ def test_sparse_route_gradient_matches_the_dense_route_in_every_parameter(datase
     )
 
 
-@pytest.mark.x64_only
+class _MovingPattern(AbstractRegularization):
+    # constant regularization plus `bump` on two far corners of the mesh: zero there at
+    # bump = 0 with a non-zero derivative (its zeros move; fixed_sparsity stays False)
+    coefficient: jax.Array
+    bump: jax.Array
+
+    def matrix(self, geometry, signal):
+        h, logdet = el.ConstantRegularization(self.coefficient).matrix(geometry, signal)
+        n = h.shape[0]
+        corner = jnp.zeros((n, n), h.dtype).at[0, n - 1].set(1.0).at[n - 1, 0].set(1.0)
+        return h + self.bump * corner, logdet
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_sparse_route_inverts_all_of_the_system_only_for_a_moving_pattern(
+    dataset, monkeypatch, fixed
+):
+    # the regularization's fixed_sparsity reaches the host: the whole inverse when its
+    # zeros can move and it is differentiated, the selected one otherwise; either way the
+    # gradient is the dense route's
+    from equilens.source import _host_linalg
+
+    seen = []
+    real = _host_linalg._inverse
+
+    def spy(u, scale, x_bar, start=None, split=None):
+        seen.append(start is None)
+        return real(u, scale, x_bar, start, split)
+
+    monkeypatch.setattr(_host_linalg, "_inverse", spy)
+    cls = type("_Fixed", (_MovingPattern,), {"fixed_sparsity": True}) if fixed else _MovingPattern
+    system = _system(_mesh("rect", dataset), cls(jnp.asarray(2e-3), jnp.asarray(0.0)))
+
+    def d_bump(route):
+        term = el.LogEvidence(dataset, route=route)
+        grad = eqx.filter_jit(eqx.filter_grad(lambda s, t: t(s)))(system, term)
+        return grad.source.regularization.bump
+
+    dense, sparse = d_bump("dense"), d_bump("sparse")
+    assert seen == [not fixed]
+    assert abs(float(sparse - dense)) <= (1e-8 if X64 else 2e-2) * abs(float(dense))
+
+
 def test_noise_free_source_on_the_mesh_is_recovered_to_round_off():
     grid = el.Grid((40, 40), pixel_scale=PS)
     psf = el.GaussianPSF(fwhm=0.1, pixel_scale=PS, truncation=3.0)
@@ -780,6 +823,73 @@ def test_sparse_kernels_give_the_same_sums_in_any_number_of_chunks(monkeypatch, 
         wn, vn = kernels.backward(n, *arrays[:4], f_bar, e_bar, *arrays[4:])
         assert rel_err(wn, w1) < 1e-13
         assert rel_err(vn, v1) < 1e-13
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_host_system_gradient_outside_the_envelope(monkeypatch, fixed):
+    # a mapping with locality (each mapped pixel to the four source pixels around it on a
+    # 3x coarser grid) gives a banded system: the far corner (0, n - 1) lies outside its
+    # envelope. A regularization entry there that is zero but moves has the cotangent
+    # tr((F + H)^-1 dH) only from the whole inverse (fixed_sparsity False); the selected
+    # inverse, exact on the envelope, misses it (what the flag is for), yet agrees on a
+    # derivative that stays inside (the strength)
+    from equilens.source import _host_linalg
+    from equilens.source._sparse import _kernels, sparse_gram, sparse_tables
+
+    monkeypatch.setattr(_kernels(), "ENVELOPE_BLOCK", 8)
+    rng = np.random.default_rng(3)
+    ny, nx = 36, 30
+    mask = np.zeros((ny, nx), bool)
+    mask[3:-3, 3:-3] = True
+    pixels = np.flatnonzero(mask)
+    mapped = np.flatnonzero(scipy.ndimage.binary_dilation(mask, iterations=3))
+    tables = sparse_tables(rng.uniform(0.1, 1.0, (5, 5)), (ny, nx), pixels, mapped, tile=4)
+    gy, gx = ny // 3 + 1, nx // 3 + 1
+    n_s = gy * gx
+    y, x = np.divmod(mapped, nx)
+    base = (y // 3) * gx + x // 3
+    idx = np.stack([base, base + 1, base + gx, base + gx + 1], axis=1)
+    w = rng.uniform(0.1, 1.0, idx.shape)
+    light = rng.normal(size=(pixels.shape[0], 1))
+    values = np.concatenate([rng.normal(size=(pixels.shape[0], 1)), light], axis=1)
+    inv_sigma = rng.uniform(0.5, 2.0, pixels.shape[0])
+    lap = np.diag(np.full(n_s, 4.0)) - np.eye(n_s, k=1) - np.eye(n_s, k=-1)
+    lap = lap - np.eye(n_s, k=gx) - np.eye(n_s, k=-gx) + 0.1 * np.eye(n_s)
+    corner = np.zeros((n_s, n_s))
+    corner[0, -1] = corner[-1, 0] = 1.0
+    gram = light.T @ light
+    rhs = light.T @ values[:, 0]
+    args = [jnp.asarray(v) for v in (idx, w, values, inv_sigma)]
+
+    def regularization(p):
+        return p[0] * jnp.asarray(lap) + p[1] * jnp.asarray(corner)
+
+    def host(p):
+        x, logdet = _host_linalg.sparse_system_solve(
+            *args,
+            regularization(p),
+            jnp.asarray(gram),
+            jnp.asarray(rhs),
+            tables,
+            fixed_sparsity=fixed,
+        )
+        return jnp.sum(x * jnp.arange(1.0, x.shape[0] + 1)) + logdet
+
+    def dense(p):
+        f, e = sparse_gram(*args, n_s, tables)
+        a = jnp.block([[jnp.asarray(gram), e[:, 1:].T], [e[:, 1:], f + regularization(p)]])
+        b = jnp.concatenate([jnp.asarray(rhs), e[:, 0]])
+        x = jnp.linalg.solve(a, b)
+        return jnp.sum(x * jnp.arange(1.0, x.shape[0] + 1)) + jnp.linalg.slogdet(a)[1]
+
+    p = jnp.asarray([0.5, 0.0])
+    assert abs(float(host(p) - dense(p))) < 1e-9 * abs(float(dense(p)))
+    g_host, g_dense = jax.grad(host)(p), jax.grad(dense)(p)
+    assert rel_err(g_host[0], g_dense[0]) < 1e-8
+    if fixed:
+        assert abs(float(g_host[1] - g_dense[1])) > 1e-6 * abs(float(g_dense[1]))
+    else:
+        assert rel_err(g_host[1], g_dense[1]) < 1e-8
 
 
 def test_sparse_kernels_run_with_single_threaded_blas(dataset, monkeypatch):

@@ -106,6 +106,7 @@ class ConstantRegularization(AbstractRegularization):
     `Constant`). `coefficient` is `lambda` (> 0, dimensionless per (flux/arcsec^2)^-2)."""
 
     bounds: ClassVar[dict[str, tuple[float, float]]] = {"coefficient": _POSITIVE}
+    fixed_sparsity: ClassVar[bool] = True
     coefficient: FloatScalar
 
     def __init__(self, coefficient: ScalarLike = 1.0):
@@ -125,6 +126,7 @@ class CurvatureRegularization(AbstractRegularization):
     `ConstantRegularization`. `coefficient` is `lambda` (> 0)."""
 
     bounds: ClassVar[dict[str, tuple[float, float]]] = {"coefficient": _POSITIVE}
+    fixed_sparsity: ClassVar[bool] = True
     coefficient: FloatScalar
 
     def __init__(self, coefficient: ScalarLike = 1.0):
@@ -152,6 +154,7 @@ class AdaptiveBrightness(AbstractRegularization):
         "signal_scale": (0.0, 10.0),
     }
     uses_signal: ClassVar[bool] = True
+    fixed_sparsity: ClassVar[bool] = True
     inner_coefficient: FloatScalar
     outer_coefficient: FloatScalar
     signal_scale: FloatScalar
@@ -210,6 +213,7 @@ class MaternKernel(AbstractRegularization):
         "coefficient": _POSITIVE,
         "scale": _POSITIVE,
     }
+    fixed_sparsity: ClassVar[bool] = True
     coefficient: FloatScalar
     scale: FloatScalar
     nu: float = eqx.field(static=True)
@@ -254,6 +258,7 @@ class ExponentialKernel(AbstractRegularization):
         "coefficient": _POSITIVE,
         "scale": _POSITIVE,
     }
+    fixed_sparsity: ClassVar[bool] = True
     coefficient: FloatScalar
     scale: FloatScalar
     jitter: float = eqx.field(static=True)

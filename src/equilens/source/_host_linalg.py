@@ -42,54 +42,77 @@ def _lapack():
     return get_lapack_funcs(("potrs", "potri"), dtype=np.float64)
 
 
-def _factor(a: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+def _factor(
+    a: np.ndarray, start: np.ndarray | None = None, split: int | None = None
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     """The upper Cholesky factor of the Jacobi-scaled `S a S` (`S = diag(scale)`,
-    `scale = 1 / sqrt(diag a)`) of a symmetric C-order float64 `a`, in place, and `scale`;
-    the factor is None if `a` is not positive definite. (The memory of `a` is the
+    `scale = 1 / sqrt(diag a)`) of a symmetric C-order float64 `a`, in place, `scale` and
+    the envelope's first rows per column (from `start`, the structure's, when given); the
+    factor is None if `a` is not positive definite. (The memory of `a` is the
     Fortran-order `a^T = a`, whose lower factor `L` is `U^T`.) Only the envelope of the
     upper triangle is factored (`_sparse_kernels.envelope_cholesky`: the same factor, in
-    a fraction of the dense flops when the rows' non-zeros start near the diagonal)."""
+    a fraction of the dense flops when the rows' non-zeros start near the diagonal), in
+    blocks that begin again at `split` (the dense linear-light rows)."""
     from ._sparse_kernels import cholesky_envelope, zero_lower
 
-    scale = np.empty(a.shape[0])
-    info = cholesky_envelope(a, scale)
-    return (zero_lower(a) if info == 0 else None), scale
+    n = a.shape[0]
+    scale = np.empty(n)
+    start = np.arange(n) if start is None else start
+    info = cholesky_envelope(a, scale, start, split)
+    return (zero_lower(a) if info == 0 else None), scale, start
 
 
-def _solve_factored(a: np.ndarray, b: np.ndarray):
-    """`x = a^-1 b`, `log det a`, the factor and scale of `_factor` (`a` C-order float64,
-    overwritten; `b` float64); NaN `x` and log det and a None factor when `a` is not
-    positive definite."""
+def _solve_factored(
+    a: np.ndarray, b: np.ndarray, start: np.ndarray | None = None, split: int | None = None
+):
+    """`x = a^-1 b`, `log det a`, the factor, scale and envelope of `_factor` (`a` C-order
+    float64, overwritten; `b` float64); NaN `x` and log det and a None factor when `a` is
+    not positive definite."""
     with blas_threads(LAPACK_THREADS):
-        u, scale = _factor(a)
+        u, scale, start = _factor(a, start, split)
         if u is None:
-            return np.full(b.shape[0], np.nan), np.nan, None, scale
+            return np.full(b.shape[0], np.nan), np.nan, None, scale, start
         y, _ = _lapack()[0](u.T, b * scale, lower=1)
     logdet = 2.0 * (np.sum(np.log(np.diagonal(u))) - np.sum(np.log(scale)))
-    return y * scale, logdet, u, scale
+    return y * scale, logdet, u, scale, start
 
 
-def _inverse(u: np.ndarray, scale: np.ndarray, x_bar: np.ndarray):
+def _inverse(
+    u: np.ndarray,
+    scale: np.ndarray,
+    x_bar: np.ndarray,
+    start: np.ndarray | None = None,
+    split: int | None = None,
+):
     """`a^-1 x_bar` and (the upper triangle of) `Z = (S a S)^-1`, in place of a writable
-    float64 copy `u` of the factor (`a^-1 = S Z S`)."""
+    float64 copy `u` of the factor (`a^-1 = S Z S`): all of it (LAPACK's `potri`), or,
+    given the factor's envelope `start` (and `split`), only on the envelope
+    (`_sparse_kernels.envelope_inverse`; zero outside it)."""
+    from ._sparse_kernels import inverse_envelope
+
     with blas_threads(LAPACK_THREADS):
         y, _ = _lapack()[0](u.T, x_bar * scale, lower=1)
+        if start is not None:
+            inverse_envelope(u, start, split)
+            return y * scale, u
         # U^T (Fortran order) is the lower factor; potri writes the lower triangle of the
         # inverse there, i.e. the upper triangle of `u`.
         lower, _ = _lapack()[1](u.T, lower=1, overwrite_c=1)
     return y * scale, lower.T
 
 
-def _outputs(solved: tuple, dtype, keep_factor: bool) -> tuple:
+def _outputs(solved: tuple, dtype, keep_factor: bool, keep_start: bool = False) -> tuple:
     """`_solve_factored`'s results in `dtype` for JAX: `x`, `log det` and, with
-    `keep_factor`, the factor (NaN when there is none) and the scale."""
-    x, logdet, u, scale = solved
+    `keep_factor`, the factor (NaN when there is none) and the scale (and, with
+    `keep_start`, the envelope, int32)."""
+    x, logdet, u, scale, start = solved
     out = (x.astype(dtype), np.asarray(logdet, dtype))
     if not keep_factor:
         return out
     n = x.shape[0]
     u = np.full((n, n), np.nan) if u is None else u
-    return *out, u.astype(dtype, copy=False), scale.astype(dtype)
+    out = (*out, u.astype(dtype, copy=False), scale.astype(dtype))
+    return (*out, start.astype(np.int32)) if keep_start else out
 
 
 def _solve_host(a, b, keep_factor: bool):
@@ -105,7 +128,7 @@ def _solve_bwd_host(u, scale, x, x_bar, l_bar):
 
     scale, x, x_bar = (np.asarray(v, np.float64) for v in (scale, x, x_bar))
     b_bar, z = _inverse(np.array(u, dtype=np.float64), scale, x_bar)
-    a_bar = inverse_cotangent(z, scale, b_bar, x, float(l_bar), 0)
+    a_bar = inverse_cotangent(z, scale, b_bar, x, float(l_bar), 0, n)
     return a_bar.astype(u.dtype, copy=False), b_bar.astype(u.dtype, copy=False)
 
 
@@ -152,60 +175,105 @@ def host_cholesky_solve(
     return _cholesky_solve(a, b)
 
 
+def _source_first(v, o: int):
+    # [linear, source] order (the caller's) -> [source, linear] (the host system's)
+    return np.concatenate([v[o:], v[:o]])
+
+
 def _system_host(idx, w, values, inv_sigma, reg, gram, rhs, *tables, keep_factor: bool):
-    # a = [[gram, E1^T], [E1, F + reg]] (only its upper triangle is formed; F's in place),
-    # b = [rhs, E0], with [E0, E1] = E: solved, factor kept when differentiated
+    # a = [[F + reg, E1], [E1^T, gram]] (only its upper triangle is formed; F's in place),
+    # b = [E0, rhs], with [E0, E1] = E: solved, factor kept when differentiated. The
+    # linear-light rows come last, so that their dense rows do not widen the envelope of
+    # the source's; x is returned in the caller's order [linear, source].
     dtype = w.dtype
-    o = gram.shape[0]
-    n = o + reg.shape[0]
+    n_s, o = reg.shape[0], gram.shape[0]
+    n = n_s + o
     idx, w, values, inv_sigma, reg, gram, rhs, *tables = host64(
         idx, w, values, inv_sigma, reg, gram, rhs, *tables
     )
     a = np.empty((n, n))
-    e = run_kernel("forward_into", a, o, idx, w, values, inv_sigma, *tables)
+    e, first = run_kernel("forward_into", a, 0, n_s, idx, w, values, inv_sigma, *tables)
     from ._sparse_kernels import add_upper
 
-    add_upper(a, o, reg)
-    a[:o, :o] = gram
-    a[:o, o:] = e[:, 1:].T
-    solved = _solve_factored(a, np.concatenate([rhs, e[:, 0]]))
-    return _outputs(solved, dtype, keep_factor)
+    add_upper(a, 0, reg)
+    a[:n_s, n_s:] = e[:, 1:]
+    a[n_s:, n_s:] = gram
+    # the factor's envelope: the non-zeros of F + reg, the linear rows dense
+    start = np.concatenate([np.arange(n_s), np.zeros(o, np.int64)])
+    b = np.concatenate([e[:, 0], rhs])
+    if _leading_block_singular(gram):
+        x, logdet, u, scale = np.full(n, np.nan), np.nan, None, np.ones(n)
+    else:
+        x, logdet, u, scale, start = _solve_factored(a, b, start, n_s)
+    # the selected inverse's (kept for the reverse-mode rule): that and F's structure
+    # (every pair of source pixels that share a tile: the entries the backward kernel
+    # reads, some of which can be zero in F)
+    start = np.minimum(start, np.concatenate([first, np.zeros(o, np.int64)]))
+    solved = (np.concatenate([x[n_s:], x[:n_s]]), logdet, u, scale, start)
+    return _outputs(solved, dtype, keep_factor, True)
+
+
+def _leading_block_singular(gram: np.ndarray) -> bool:
+    """Whether the linear-light block (a principal block of the system: the system is
+    positive definite only if it is) fails its own Jacobi-scaled Cholesky. Factored
+    first, it would end the system's factorisation there; factored last (as the host
+    orders it), round-off in the source block's Schur complement could let two identical
+    linear components pass with a tiny pivot."""
+    if gram.shape[0] == 0:
+        return False
+    d = np.diagonal(gram)
+    s = np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 1.0)
+    try:
+        np.linalg.cholesky(gram * s[:, None] * s[None, :])
+    except np.linalg.LinAlgError:
+        return True
+    return False
 
 
 #: The differentiable operands of `sparse_system_solve`, in order.
 _DIFF: tuple[str, ...] = ("w", "values", "reg", "gram", "rhs")
 
 
-def _system_bwd_host(u, scale, x, x_bar, l_bar, idx, w, values, inv_sigma, *tables, o, need):
+def _system_bwd_host(
+    u, scale, x, x_bar, l_bar, start, idx, w, values, inv_sigma, *tables, o, need, selected
+):
     # the cotangents of the operands named in `need` (see `_system_host`)
     n = x.shape[0]
+    n_s = n - o
     dtype = u.dtype
     if not np.all(np.isfinite(u)):
-        shapes = {"w": w.shape, "values": values.shape, "reg": (n - o,) * 2, "gram": (o, o)}
+        shapes = {"w": w.shape, "values": values.shape, "reg": (n_s, n_s), "gram": (o, o)}
         return tuple(np.zeros(shapes.get(key, (o,)), dtype) for key in need)  # rhs: (o,)
     from ._sparse_kernels import inverse_cotangent
 
-    scale, x, x_bar = (np.asarray(v, np.float64) for v in (scale, x, x_bar))
+    scale = np.asarray(scale, np.float64)
+    x, x_bar = (_source_first(np.asarray(v, np.float64), o) for v in (x, x_bar))
     l_bar = float(l_bar)
-    b_bar, z = _inverse(np.array(u, dtype=np.float64), scale, x_bar)
-    out: dict[str, np.ndarray] = {"rhs": b_bar[:o]}
+    # (S Z S = a^-1 is needed on F's, E1's and gram's entries, all inside the envelope;
+    # on reg's too, which holds them unless its zeros can move: `selected` False)
+    envelope = None if "reg" in need and not selected else np.asarray(start, np.int64)
+    b_bar, z = _inverse(np.array(u, dtype=np.float64), scale, x_bar, envelope, n_s)
+    out: dict[str, np.ndarray] = {"rhs": b_bar[n_s:]}
     if "w" in need or "values" in need:
-        # E's cotangent: [b_bar of E0, that of E1 (E1 is in a twice: a[o:, :o] and its
-        # transpose a[:o, o:]): 2 l_bar (S Z S)[o:, :o] - b_bar[o:] x[:o]^T - x[o:] b_bar[:o]^T]
-        inv_cross = scale[o:, None] * z[:o, o:].T * scale[None, :o]
-        e_bar = np.empty((n - o, o + 1))
-        e_bar[:, 0] = b_bar[o:]
+        # E's cotangent: [b_bar of E0, that of E1 (E1 is in a twice: a[:n_s, n_s:] and
+        # its transpose): 2 l_bar (S Z S)[:n_s, n_s:] - b_bar[:n_s] x[n_s:]^T
+        # - x[:n_s] b_bar[n_s:]^T]
+        inv_cross = scale[:n_s, None] * z[:n_s, n_s:] * scale[None, n_s:]
+        e_bar = np.empty((n_s, o + 1))
+        e_bar[:, 0] = b_bar[:n_s]
         e_bar[:, 1:] = (
-            2.0 * l_bar * inv_cross - np.outer(b_bar[o:], x[:o]) - np.outer(x[o:], b_bar[:o])
+            2.0 * l_bar * inv_cross
+            - np.outer(b_bar[:n_s], x[n_s:])
+            - np.outer(x[:n_s], b_bar[n_s:])
         )
         args = host64(idx, w, values, inv_sigma, *tables)
         out["w"], out["values"] = run_kernel(
-            "backward_inverse", z, scale, b_bar, x, l_bar, o, *args[:4], e_bar, *args[4:]
+            "backward_inverse", z, scale, b_bar, x, l_bar, 0, n_s, *args[:4], e_bar, *args[4:]
         )
     if "reg" in need:
-        out["reg"] = inverse_cotangent(z, scale, b_bar, x, l_bar, o)
+        out["reg"] = inverse_cotangent(z, scale, b_bar, x, l_bar, 0, n_s)
     if "gram" in need:
-        out["gram"] = inverse_cotangent(z[:o, :o], scale, b_bar, x, l_bar, 0)
+        out["gram"] = inverse_cotangent(z, scale, b_bar, x, l_bar, n_s, o)
     return tuple(out[key].astype(dtype, copy=False) for key in need)
 
 
@@ -214,27 +282,29 @@ def _system(diff, idx, inv_sigma, tables, keep_factor: bool):
     n = gram.shape[0] + reg.shape[0]
     shapes = (jax.ShapeDtypeStruct((n,), w.dtype), jax.ShapeDtypeStruct((), w.dtype))
     if keep_factor:
-        shapes = (*shapes, jax.ShapeDtypeStruct((n, n), w.dtype), shapes[0])
+        factor = jax.ShapeDtypeStruct((n, n), w.dtype)
+        shapes = (*shapes, factor, shapes[0], jax.ShapeDtypeStruct((n,), jnp.int32))
     host = functools.partial(_system_host, keep_factor=keep_factor)
     args = (idx, w, values, inv_sigma, reg, gram, rhs, *table_arrays(tables))
     return jax.pure_callback(host, shapes, *args, vmap_method="sequential")
 
 
 @eqx.filter_custom_vjp
-def _sparse_system(diff, idx, inv_sigma, tables):
+def _sparse_system(diff, idx, inv_sigma, tables, selected):
+    del selected
     return _system(diff, idx, inv_sigma, tables, keep_factor=False)
 
 
 @_sparse_system.def_fwd
-def _sparse_system_fwd(perturbed, diff, idx, inv_sigma, tables):
-    del perturbed
-    x, logdet, u, scale = _system(diff, idx, inv_sigma, tables, keep_factor=True)
-    return (x, logdet), (u, scale, x)
+def _sparse_system_fwd(perturbed, diff, idx, inv_sigma, tables, selected):
+    del perturbed, selected
+    x, logdet, u, scale, start = _system(diff, idx, inv_sigma, tables, keep_factor=True)
+    return (x, logdet), (u, scale, x, start)
 
 
 @_sparse_system.def_bwd
-def _sparse_system_bwd(residuals, g, perturbed, diff, idx, inv_sigma, tables):
-    u, scale, x = residuals
+def _sparse_system_bwd(residuals, g, perturbed, diff, idx, inv_sigma, tables, selected):
+    u, scale, x, start = residuals
     w, values, _, gram, _ = diff
     x_bar, l_bar = g
     # (a symbolic-zero cotangent arrives as None)
@@ -243,8 +313,8 @@ def _sparse_system_bwd(residuals, g, perturbed, diff, idx, inv_sigma, tables):
     arrays = dict(zip(_DIFF, diff, strict=True))
     need = tuple(key for key, p in zip(_DIFF, perturbed, strict=True) if p)
     shapes = tuple(jax.ShapeDtypeStruct(arrays[key].shape, x.dtype) for key in need)
-    host = functools.partial(_system_bwd_host, o=gram.shape[0], need=need)
-    args = (u, scale, x, x_bar, l_bar, idx, w, values, inv_sigma, *table_arrays(tables))
+    host = functools.partial(_system_bwd_host, o=gram.shape[0], need=need, selected=selected)
+    args = (u, scale, x, x_bar, l_bar, start, idx, w, values, inv_sigma, *table_arrays(tables))
     got = jax.pure_callback(host, shapes, *args, vmap_method="sequential") if need else ()
     return tuple(dict(zip(need, got, strict=True)).get(key) for key in _DIFF)
 
@@ -258,6 +328,7 @@ def sparse_system_solve(
     gram: Float[Array, "n_linear n_linear"],
     rhs: Float[Array, " n_linear"],
     tables: SparseTables,
+    fixed_sparsity: bool = False,
 ) -> tuple[Float[Array, " n"], Scalar]:
     """The sparse route's whole linear system in one host call: with `F`, `E = [E0, E1]`
     of `sparse_gram(idx, w, values, inv_sigma, n_source, tables)` (`E1`: `n_linear`
@@ -267,6 +338,13 @@ def sparse_system_solve(
     host, except the factor that the reverse-mode rule keeps (and `reg`'s cotangent, when
     `reg` is differentiated): two to six fewer `n^2` copies than `sparse_gram` followed
     by `host_cholesky_solve`. Reverse-mode differentiable in `w`, `values`, `reg`,
-    `gram` and `rhs` (`reg` and `gram` symmetric; their upper triangles are read)."""
+    `gram` and `rhs` (`reg` and `gram` symmetric; their upper triangles are read).
+
+    The reverse-mode rule needs `a^-1` only on the entries that can vary: with
+    `fixed_sparsity` (`reg`'s zero entries stay zero, as every built-in regularization's
+    do) it forms it only on the envelope of `a`'s factor (a selected inverse, exact
+    there), otherwise all of it; `reg`'s cotangent is then exact only where `reg` (or
+    `F`) is non-zero."""
     fixed = jax.lax.stop_gradient((inv_sigma, tables))
-    return _sparse_system((w, values, reg, gram, rhs), idx, fixed[0], fixed[1])
+    diff = (w, values, reg, gram, rhs)
+    return _sparse_system(diff, idx, fixed[0], fixed[1], bool(fixed_sparsity))

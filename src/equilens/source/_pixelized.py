@@ -26,6 +26,11 @@ class AbstractRegularization(eqx.Module):
     fixed: ClassVar[tuple[str, ...]] = ()
     #: Whether `matrix` uses the brightness `signal` (the inversion skips computing it if not).
     uses_signal: ClassVar[bool] = False
+    #: Whether `H`'s zero entries stay zero whatever the parameters (its derivative is zero
+    #: wherever `H` is): the sparse route's gradient then forms `(F + H)^-1` only on the
+    #: envelope of `F + H` (a selected inverse). True for every built-in regularization;
+    #: leave it False for a custom `H` whose pattern of zeros can change.
+    fixed_sparsity: ClassVar[bool] = False
 
     @abc.abstractmethod
     def matrix(

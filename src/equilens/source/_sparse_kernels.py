@@ -27,7 +27,11 @@ def _blas(name: str, n_args: int, module: str = "blas"):
 
 _SYRK = _blas("dsyrk", 10)
 _TRSM = _blas("dtrsm", 11)
+_SYMM = _blas("dsymm", 12)
+_GEMM = _blas("dgemm", 13)
 _POTRF = _blas("dpotrf", 5, "lapack")
+_TRTRI = _blas("dtrtri", 6, "lapack")
+_LAUUM = _blas("dlauum", 5, "lapack")
 # Reassociated sums (vectorised dot products) and fused multiply-adds; no assumptions
 # about NaN or infinity.
 _REASSOC = {"reassoc", "contract"}
@@ -148,18 +152,20 @@ def _accumulators(n: int, n_s: int) -> np.ndarray:
 def forward(n_threads, n_s, *arrays):
     """`F = C^T C` and `E = C^T V` (see `equilens.source._sparse`)."""
     out = np.empty((n_s, n_s))
-    e = forward_into(n_threads, out, 0, *arrays)
+    e, _ = forward_into(n_threads, out, 0, n_s, *arrays)
     mirror_upper(out)
     return out, e
 
 
-def forward_into(n_threads, out, o, *arrays):
-    """The upper triangle of `F` into `out[o:, o:]` (`out` square, C order; nothing else
-    of it is written) and `E`."""
-    n_s = out.shape[0] - o
+def forward_into(n_threads, out, o, n_s, *arrays):
+    """The upper triangle of `F` (`n_s x n_s`) into `out[o:o + n_s, o:o + n_s]` (`out`
+    square, C order; nothing else of it is written), `E`, and `F`'s structure: for each
+    source pixel `j`, the smallest source pixel that shares a tile with it (`F[i, j]` is
+    structurally zero above that row; an entry can still be zero inside it)."""
     n_tiles = arrays[4].shape[0]
     n_chunks = max(1, min(n_threads, n_tiles, 1 + ACCUMULATOR_BYTES // (8 * n_s * n_s)))
-    return _forward(n_chunks, _SYRK, _accumulators(n_chunks - 1, n_s), out, o, *arrays)
+    parts = _accumulators(n_chunks - 1, n_s)
+    return _forward(n_chunks, _SYRK, parts, out, o, n_s, *arrays)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -170,6 +176,7 @@ def _forward(
     parts,
     out,
     o,
+    n_s,
     idx,
     w,
     values,
@@ -183,19 +190,22 @@ def _forward(
     # tiles in n_chunks chunks, one per thread, each accumulating the upper triangle of F
     # (chunk 0 into out[o:, o:], the others into `parts`), summed in parallel at the end
     n_tiles, t2 = tile_rows.shape
-    n_s = out.shape[0] - o
     m = values.shape[1]
     e_parts = np.zeros((n_chunks, n_s, m))
+    first_parts = np.empty((n_chunks, n_s), np.int64)
     for c in numba.prange(n_chunks):
         f = out if c == 0 else parts[c - 1]
         d = o if c == 0 else 0
         for i in range(d, d + n_s):
-            f[i, i:] = 0.0
+            f[i, i : d + n_s] = 0.0
         local = np.full(n_s, -1, dtype=np.int64)
         members = np.empty(n_s, dtype=np.int64)
         block = np.empty((n_s + 1, t2))
         vt = np.empty((t2, m))
         e = e_parts[c]
+        first = first_parts[c]
+        for j in range(n_s):
+            first[j] = j
         for t in range(c * n_tiles // n_chunks, (c + 1) * n_tiles // n_chunks):
             n_local = build_block(
                 t,
@@ -224,24 +234,29 @@ def _forward(
                 row = f[d + members[b]]
                 for a in range(b, n_local):
                     row[d + members[a]] += g[a, b]
+            m0 = members[0]
             for a in range(n_local):
                 ma = members[a]
                 for q in range(m):
                     e[ma, q] += ev[a, q]
                 local[ma] = -1
+                first[ma] = min(first[ma], m0)
     e = e_parts[0]
+    first = first_parts[0]
     if n_chunks > 1:
         # rows h and n_s - 1 - h together: balanced halves of the upper triangle
         for h in numba.prange((n_s + 1) // 2):
             for c in range(n_chunks - 1):
-                out[o + h, o + h :] += parts[c, h, h:]
+                out[o + h, o + h : o + n_s] += parts[c, h, h:]
             i = n_s - 1 - h
             if i != h:
                 for c in range(n_chunks - 1):
-                    out[o + i, o + i :] += parts[c, i, i:]
+                    out[o + i, o + i : o + n_s] += parts[c, i, i:]
         for c in range(1, n_chunks):
             e += e_parts[c]
-    return e
+            for j in range(n_s):
+                first[j] = min(first[j], first_parts[c, j])
+    return e, first
 
 
 @numba.njit(cache=True, nogil=True)
@@ -263,7 +278,7 @@ def backward(n_threads, idx, w, values, inv_sigma, f_bar, e_bar, *tables):
     zeros = np.zeros(n_s)
     g = f_bar + f_bar.T
     args = (idx, w, values, inv_sigma, e_bar, *tables)
-    return backward_inverse(n_threads, g, np.ones(n_s), zeros, zeros, 0.5, 0, *args)
+    return backward_inverse(n_threads, g, np.ones(n_s), zeros, zeros, 0.5, 0, n_s, *args)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath=_REASSOC)
@@ -276,6 +291,7 @@ def backward_inverse(
     x,
     l_bar,
     o,
+    n_s,
     idx,
     w,
     values,
@@ -288,12 +304,12 @@ def backward_inverse(
     psf,
 ):
     # The cotangents of w and V for f_bar = l_bar S Z S - b_bar x^T on the source block
-    # (`z`: the upper triangle of Z in z[o:, o:], S = diag(scale[o:]), b_bar and x offset
-    # by o likewise): the cotangent of x = a^-1 b and l = log det a with respect to the
-    # a = F + ... that has F in a[o:, o:] (a^-1 = S Z S; see `_host_linalg`). Each tile
-    # reads (f_bar + f_bar^T)[S, S] off Z and the two vectors.
+    # (`z`: the upper triangle of Z in z[o:o + n_s, o:o + n_s], S = diag(scale[o:]), b_bar
+    # and x offset by o likewise): the cotangent of x = a^-1 b and l = log det a with
+    # respect to the a = F + ... that has F in a[o:o + n_s, o:o + n_s] (a^-1 = S Z S; see
+    # `_host_linalg`). Each tile reads (f_bar + f_bar^T)[S, S] off Z and the two vectors
+    # (entries of F's structure: a selected inverse on its envelope suffices).
     n_tiles, t2 = tile_rows.shape
-    n_s = z.shape[0] - o
     m = values.shape[1]
     k = idx.shape[1]
     w_bar = np.zeros(w.shape)
@@ -375,12 +391,11 @@ def backward_inverse(
 
 @numba.njit(cache=True, nogil=True)
 @no_type_check
-def inverse_cotangent(z, scale, b_bar, x, l_bar, o):
-    # a_bar[o:, o:] = l_bar S Z S - b_bar x^T (n x n, from the upper triangle of z[o:, o:],
-    # S = diag(scale), vectors offset by o likewise): the cotangent of a in x = a^-1 b,
-    # l = log det a, with a^-1 = S Z S (in blocks, so that the transposed reads of the
-    # lower half stay in cache)
-    n = z.shape[0] - o
+def inverse_cotangent(z, scale, b_bar, x, l_bar, o, n):
+    # a_bar[o:o + n, o:o + n] = l_bar S Z S - b_bar x^T (n x n, from the upper triangle of
+    # z[o:o + n, o:o + n], S = diag(scale), vectors offset by o likewise): the cotangent of
+    # a in x = a^-1 b, l = log det a, with a^-1 = S Z S (in blocks, so that the transposed
+    # reads of the lower half stay in cache)
     a_bar = np.empty((n, n))
     nb = 64
     for i0 in range(0, n, nb):
@@ -422,13 +437,12 @@ def add_upper(a, o, b):
 def jacobi_envelope(a, scale, start):
     # symmetric Jacobi scaling of the upper triangle of `a` in place, a_ij <- a_ij s_i s_j
     # with s_i = 1 / sqrt(a_ii) (1 where a_ii <= 0) into `scale`, and in the same pass
-    # start[j] <- the first row with a non-zero in column j of the upper triangle (j itself
-    # for none above the diagonal)
+    # start[j] <- the first row with a non-zero in column j of the upper triangle, if
+    # above the given start[j] (the caller's structure; j itself for none)
     n = a.shape[0]
     for i in range(n):
         d = a[i, i]
         scale[i] = 1.0 / np.sqrt(d) if d > 0.0 else 1.0
-        start[i] = i
     for i in range(n):
         row = a[i]
         si = scale[i]
@@ -443,15 +457,29 @@ def jacobi_envelope(a, scale, start):
 
 @numba.njit(cache=True, nogil=True)
 @no_type_check
-def envelope_cholesky(trsm, syrk, potrf, a, start, nb):
+def _windows(start, bounds):
+    # each block's window: the smallest start of its rows
+    n_blocks = bounds.shape[0] - 1
+    window = np.empty(n_blocks, np.int64)
+    for b in range(n_blocks):
+        s = bounds[b]
+        for i in range(bounds[b], bounds[b + 1]):
+            s = min(s, start[i])
+        window[b] = s
+    return window
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
+def envelope_cholesky(trsm, syrk, potrf, a, start, bounds):
     # The Cholesky factor of the symmetric positive-definite matrix whose upper triangle is
     # in `a` (C order), in place: the lower factor L of the Fortran-order view M = a^T
     # (= the upper factor of a), by block rows of M restricted to its envelope. Row i of L
     # is zero left of start[i] (the first non-zero of row i of M's lower triangle; the
-    # envelope keeps no fill outside it), so block row I = [i0, i1) only needs the window
-    # s = min start[I]: L[I, s:i0] = M[I, s:i0] L[s:i0, s:i0]^-T (trsm), then
-    # M[I, I] -= L[I, s:i0] L[I, s:i0]^T (syrk) and its own factor (potrf): the dense
-    # algorithm's result (the entries outside the envelope stay exact zeros) in
+    # envelope keeps no fill outside it), so block row I = [i0, i1) (consecutive `bounds`)
+    # only needs the window s = min start[I]: L[I, s:i0] = M[I, s:i0] L[s:i0, s:i0]^-T
+    # (trsm), then M[I, I] -= L[I, s:i0] L[I, s:i0]^T (syrk) and its own factor (potrf):
+    # the dense algorithm's result (the entries outside the envelope stay exact zeros) in
     # sum_I |I| (i0 - s)^2 / 2 multiply-adds instead of n^3 / 6. Returns LAPACK's info
     # (0, or the first row at which M is not positive definite, from 1).
     n = a.shape[0]
@@ -460,12 +488,11 @@ def envelope_cholesky(trsm, syrk, potrf, a, start, nb):
     minus_one = np.array([-1.0])
     ch = np.array([ord("R"), ord("L"), ord("T"), ord("N")], np.uint8)
     info = np.zeros(1, np.int32)
-    for i0 in range(0, n, nb):
-        i1 = min(i0 + nb, n)
-        m = np.array([i1 - i0], np.int32)
-        s = i0
-        for i in range(i0, i1):
-            s = min(s, start[i])
+    window = _windows(start, bounds)
+    for b in range(bounds.shape[0] - 1):
+        i0 = bounds[b]
+        m = np.array([bounds[b + 1] - i0], np.int32)
+        s = window[b]
         k = np.array([i0 - s], np.int32)
         if i0 > s:
             # M[r, c] is a[c, r]: the block M[i0:, s:] starts at a[s, i0] (leading dim n)
@@ -500,17 +527,202 @@ def envelope_cholesky(trsm, syrk, potrf, a, start, nb):
     return 0
 
 
-def cholesky_envelope(a, scale, nb=ENVELOPE_BLOCK):
-    """`jacobi_envelope` and the Cholesky factor (upper, of the C-order `a`; its lower
-    triangle untouched) by `envelope_cholesky`, or in one block when the envelope is too
-    wide to pay (`ENVELOPE_MAX_COST`); LAPACK's info."""
+@numba.njit(cache=True, nogil=True)
+@no_type_check
+def envelope_inverse(trsm, symm, gemm, trtri, lauum, a, start, bounds):
+    # The selected inverse: from the factor of `envelope_cholesky` (same `start`; any
+    # `bounds`), Z = A^-1 in place on the blocks' envelope, exact there (and zero in the
+    # rest of the upper triangle of `a`, C order; its lower triangle is overwritten).
+    # Takahashi's recurrence by block columns J of L (last first), over the rows R of the
+    # blocks below whose window reaches J (in runs of consecutive blocks):
+    # Lh = L[R, J] L_JJ^-1, Z[R, J] = -Z[R, R] Lh, Z[J, J] = (L_JJ L_JJ^T)^-1 - Z[R, J]^T Lh.
+    # Z[R, R] is needed only where both rows are in R, which the blocks' envelope holds
+    # (the structure is closed), and was formed by the later block columns. Multiply-adds:
+    # sum_J |R|^2 |J| (symm and gemm) against n^3 / 3 for LAPACK's potri.
     n = a.shape[0]
-    start = np.empty(n, np.int64)
+    n_blocks = bounds.shape[0] - 1
+    window = _windows(start, bounds)
+    ld = np.array([n], np.int32)
+    one = np.array([1.0])
+    minus_one = np.array([-1.0])
+    zero = np.array([0.0])
+    ch = np.array([ord("R"), ord("L"), ord("N"), ord("T")], np.uint8)
+    info = np.zeros(1, np.int32)
+    runs = np.empty((n_blocks, 2), np.int64)
+    for jb in range(n_blocks - 1, -1, -1):
+        j0 = bounds[jb]
+        j1 = bounds[jb + 1]
+        mj = j1 - j0
+        m = np.array([mj], np.int32)
+        n_runs = 0
+        r = 0
+        for ib in range(jb + 1, n_blocks):
+            if window[ib] < j1:
+                if n_runs > 0 and runs[n_runs - 1, 1] == bounds[ib]:
+                    runs[n_runs - 1, 1] = bounds[ib + 1]
+                else:
+                    runs[n_runs, 0] = bounds[ib]
+                    runs[n_runs, 1] = bounds[ib + 1]
+                    n_runs += 1
+                r += bounds[ib + 1] - bounds[ib]
+        # t (C order |J| x |R|): the Fortran |R| x |J| matrix Z[R, J], leading dim |R|
+        t = np.zeros((mj, r))
+        lt = np.array([max(r, 1)], np.int32)
+        for p in range(n_runs):
+            # Lh[run p] = L[run p, J] L_JJ^-1, in place (M[p0:, j0:] is a[j0:, p0:])
+            rp = np.array([runs[p, 1] - runs[p, 0]], np.int32)
+            trsm(
+                ch[0:].ctypes,
+                ch[1:].ctypes,
+                ch[2:].ctypes,
+                ch[2:].ctypes,
+                rp.ctypes,
+                m.ctypes,
+                one.ctypes,
+                a[j0:, j0:].ctypes,
+                ld.ctypes,
+                a[j0:, runs[p, 0] :].ctypes,
+                ld.ctypes,
+            )
+        op = 0
+        for p in range(n_runs):
+            p0 = runs[p, 0]
+            rp = np.array([runs[p, 1] - p0], np.int32)
+            oq = op
+            for q in range(p, n_runs):
+                q0 = runs[q, 0]
+                rq = np.array([runs[q, 1] - q0], np.int32)
+                if q == p:
+                    # T[p] -= Z[p, p] Lh[p] (Z[p, p]: the lower triangle of M[p0:, p0:])
+                    symm(
+                        ch[1:].ctypes,
+                        ch[1:].ctypes,
+                        rp.ctypes,
+                        m.ctypes,
+                        minus_one.ctypes,
+                        a[p0:, p0:].ctypes,
+                        ld.ctypes,
+                        a[j0:, p0:].ctypes,
+                        ld.ctypes,
+                        one.ctypes,
+                        t[:, op:].ctypes,
+                        lt.ctypes,
+                    )
+                else:
+                    # T[q] -= Z[q, p] Lh[p] and T[p] -= Z[q, p]^T Lh[q] (Z[q, p]: M[q0:, p0:])
+                    gemm(
+                        ch[2:].ctypes,
+                        ch[2:].ctypes,
+                        rq.ctypes,
+                        m.ctypes,
+                        rp.ctypes,
+                        minus_one.ctypes,
+                        a[p0:, q0:].ctypes,
+                        ld.ctypes,
+                        a[j0:, p0:].ctypes,
+                        ld.ctypes,
+                        one.ctypes,
+                        t[:, oq:].ctypes,
+                        lt.ctypes,
+                    )
+                    gemm(
+                        ch[3:].ctypes,
+                        ch[2:].ctypes,
+                        rp.ctypes,
+                        m.ctypes,
+                        rq.ctypes,
+                        minus_one.ctypes,
+                        a[p0:, q0:].ctypes,
+                        ld.ctypes,
+                        a[j0:, q0:].ctypes,
+                        ld.ctypes,
+                        one.ctypes,
+                        t[:, op:].ctypes,
+                        lt.ctypes,
+                    )
+                oq += rq[0]
+            op += rp[0]
+        # (L_JJ L_JJ^T)^-1 in place: L_JJ^-1 (trtri), then L_JJ^-T L_JJ^-1 (lauum)
+        trtri(ch[1:].ctypes, ch[2:].ctypes, m.ctypes, a[j0:, j0:].ctypes, ld.ctypes, info.ctypes)
+        if info[0] != 0:
+            return j0 + info[0]
+        lauum(ch[1:].ctypes, m.ctypes, a[j0:, j0:].ctypes, ld.ctypes, info.ctypes)
+        if r == 0:
+            continue
+        # Z_JJ -= T^T Lh (g: Fortran |J| x |J|), on M[J, J]'s lower triangle, the upper
+        # triangle of a[J, J]
+        g = np.empty((mj, mj))
+        op = 0
+        for p in range(n_runs):
+            p0 = runs[p, 0]
+            rp = np.array([runs[p, 1] - p0], np.int32)
+            gemm(
+                ch[3:].ctypes,
+                ch[2:].ctypes,
+                m.ctypes,
+                m.ctypes,
+                rp.ctypes,
+                one.ctypes,
+                t[:, op:].ctypes,
+                lt.ctypes,
+                a[j0:, p0:].ctypes,
+                ld.ctypes,
+                zero.ctypes if p == 0 else one.ctypes,
+                g.ctypes,
+                m.ctypes,
+            )
+            op += rp[0]
+        for c in range(mj):
+            row = a[j0 + c]
+            gc = g[c]
+            for d in range(c, mj):
+                row[j0 + d] -= gc[d]
+        op = 0
+        for p in range(n_runs):
+            p0 = runs[p, 0]
+            p1 = runs[p, 1]
+            a[j0:j1, p0:p1] = t[:, op : op + p1 - p0]
+            op += p1 - p0
+    return 0
+
+
+def envelope_bounds(
+    start,
+    split: int | None = None,
+    nb: int | None = None,
+    max_cost: float | None = ENVELOPE_MAX_COST,
+):
+    """Block boundaries for `envelope_cholesky` (`envelope_inverse` with `max_cost`
+    None): blocks of `nb` rows from 0 and from `split` (where the linear-light rows begin:
+    those are dense, and a block that straddled them would be as wide), or one block when
+    the envelope's factorisation would cost more than `max_cost` of the dense one
+    (`nb`: `ENVELOPE_BLOCK` unless given)."""
+    n = start.shape[0]
+    split = n if split is None else split
+    nb = ENVELOPE_BLOCK if nb is None else nb
+    bounds = np.unique(np.concatenate([np.arange(0, split, nb), np.arange(split, n, nb), [n]]))
+    if max_cost is not None and bounds.shape[0] > 2:
+        window = _windows(start, bounds).astype(np.float64)
+        cost = np.sum(np.diff(bounds) * (bounds[:-1] - window) ** 2) / 2
+        if cost > max_cost * n**3 / 6:
+            bounds = np.array([0, n])
+    return bounds.astype(np.int64)
+
+
+def cholesky_envelope(a, scale, start=None, split=None, nb=None):
+    """`jacobi_envelope` (from `start`, the rows of the structure's first non-zeros per
+    column, or the diagonal; updated in place) and the Cholesky factor (upper, of the
+    C-order `a`; its lower triangle untouched) by `envelope_cholesky` on
+    `envelope_bounds`; LAPACK's info."""
+    n = a.shape[0]
+    start = np.arange(n) if start is None else start
     jacobi_envelope(a, scale, start)
-    if n > nb:
-        i0 = np.arange(0, n, nb)
-        width = (i0 - np.minimum.reduceat(start, i0)).astype(np.float64)
-        cost = np.sum(np.diff(np.append(i0, n)) * width**2) / 2
-        if cost > ENVELOPE_MAX_COST * n**3 / 6:
-            nb = n
-    return envelope_cholesky(_TRSM, _SYRK, _POTRF, a, start, nb)
+    bounds = envelope_bounds(start, split, nb)
+    return envelope_cholesky(_TRSM, _SYRK, _POTRF, a, start, bounds)
+
+
+def inverse_envelope(u, start, split=None, nb=None):
+    """`Z = A^-1` on the envelope of the factor `u` of `cholesky_envelope` (in place; the
+    same `start` and `split`), by `envelope_inverse`."""
+    bounds = envelope_bounds(start, split, nb, max_cost=None)
+    return envelope_inverse(_TRSM, _SYMM, _GEMM, _TRTRI, _LAUUM, u, start, bounds)

@@ -230,7 +230,15 @@ class LogEvidence(AbstractImagingTerm):
             else:
                 # the curvature matrix and the solve in one host call
                 x, logdet = sparse_system_solve(
-                    idx, w, values, inv_sigma, reg, light @ light.T, light @ target, self.tables
+                    idx,
+                    w,
+                    values,
+                    inv_sigma,
+                    reg,
+                    light @ light.T,
+                    light @ target,
+                    self.tables,
+                    fixed_sparsity=src.regularization.fixed_sparsity,
                 )
                 sol = Solution(x=x, log_det_curvature=logdet, factor=None, scale=jnp.ones_like(x))
         else:
