@@ -825,6 +825,7 @@ def test_sparse_kernels_give_the_same_sums_in_any_number_of_chunks(monkeypatch, 
         assert rel_err(vn, v1) < 1e-13
 
 
+@pytest.mark.x64_only
 @pytest.mark.parametrize("fixed", [False, True])
 def test_host_system_gradient_outside_the_envelope(monkeypatch, fixed):
     # a mapping with locality (each mapped pixel to the four source pixels around it on a

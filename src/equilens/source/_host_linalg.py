@@ -13,7 +13,9 @@ det, and a zero cotangent (callers mask the NaN evidence). LAPACK runs on at mos
 `LAPACK_THREADS` BLAS threads (`equilens.source._sparse`).
 
 `sparse_system_solve` does the same for the sparse route's whole system (curvature matrix
-from the tile kernels, regularization, linear light) in one host call.
+from the tile kernels, regularization, linear light) in one host call; its reverse-mode
+rule forms `a^-1` only on the factor's envelope (a selected inverse,
+`_sparse_kernels.envelope_inverse`), which holds every entry its cotangents read.
 """
 
 import functools
@@ -86,8 +88,9 @@ def _inverse(
 ):
     """`a^-1 x_bar` and (the upper triangle of) `Z = (S a S)^-1`, in place of a writable
     float64 copy `u` of the factor (`a^-1 = S Z S`): all of it (LAPACK's `potri`), or,
-    given the factor's envelope `start` (and `split`), only on the envelope
-    (`_sparse_kernels.envelope_inverse`; zero outside it)."""
+    given the factor's envelope `start` (and `split`), only on the envelope of its blocks
+    (`_sparse_kernels.envelope_inverse`: exact there, zero in the rest of the upper
+    triangle)."""
     from ._sparse_kernels import inverse_envelope
 
     with blas_threads(LAPACK_THREADS):
