@@ -443,6 +443,7 @@ def test_sparse_route_inverts_all_of_the_system_only_for_a_moving_pattern(
     assert abs(float(sparse - dense)) <= (1e-8 if X64 else 2e-2) * abs(float(dense))
 
 
+@pytest.mark.x64_only
 def test_noise_free_source_on_the_mesh_is_recovered_to_round_off():
     grid = el.Grid((40, 40), pixel_scale=PS)
     psf = el.GaussianPSF(fwhm=0.1, pixel_scale=PS, truncation=3.0)
