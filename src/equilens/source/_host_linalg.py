@@ -178,9 +178,10 @@ def host_cholesky_solve(
     return _cholesky_solve(a, b)
 
 
-def _source_first(v, o: int):
-    # [linear, source] order (the caller's) -> [source, linear] (the host system's)
-    return np.concatenate([v[o:], v[:o]])
+def _rotate(v, k: int):
+    # v's entries from k on, then those before: [linear, source] (the caller's order) ->
+    # [source, linear] (the host system's) with k = n_linear, and back with k = n_source
+    return np.concatenate([v[k:], v[:k]])
 
 
 def _system_host(idx, w, values, inv_sigma, reg, gram, rhs, *tables, keep_factor: bool):
@@ -212,7 +213,7 @@ def _system_host(idx, w, values, inv_sigma, reg, gram, rhs, *tables, keep_factor
     # (every pair of source pixels that share a tile: the entries the backward kernel
     # reads, some of which can be zero in F)
     start = np.minimum(start, np.concatenate([first, np.zeros(o, np.int64)]))
-    solved = (np.concatenate([x[n_s:], x[:n_s]]), logdet, u, scale, start)
+    solved = (_rotate(x, n_s), logdet, u, scale, start)
     return _outputs(solved, dtype, keep_factor, True)
 
 
@@ -250,7 +251,7 @@ def _system_bwd_host(
     from ._sparse_kernels import inverse_cotangent
 
     scale = np.asarray(scale, np.float64)
-    x, x_bar = (_source_first(np.asarray(v, np.float64), o) for v in (x, x_bar))
+    x, x_bar = (_rotate(np.asarray(v, np.float64), o) for v in (x, x_bar))
     l_bar = float(l_bar)
     # (S Z S = a^-1 is needed on F's, E1's and gram's entries, all inside the envelope;
     # on reg's too, which holds them unless its zeros can move: `selected` False)

@@ -529,6 +529,31 @@ def envelope_cholesky(trsm, syrk, potrf, a, start, bounds):
 
 @numba.njit(cache=True, nogil=True)
 @no_type_check
+def _gemm(gemm, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    # BLAS dgemm, c <- alpha op(a) op(b) + beta c, on Fortran-order views starting at the
+    # given arrays' first elements (trans: ord("N") or ord("T"))
+    dims = np.array([m, n, k, lda, ldb, ldc], np.int32)
+    chars = np.array([trans_a, trans_b], np.uint8)
+    coef = np.array([alpha, beta])
+    gemm(
+        chars[0:].ctypes,
+        chars[1:].ctypes,
+        dims[0:].ctypes,
+        dims[1:].ctypes,
+        dims[2:].ctypes,
+        coef[0:].ctypes,
+        a.ctypes,
+        dims[3:].ctypes,
+        b.ctypes,
+        dims[4:].ctypes,
+        coef[1:].ctypes,
+        c.ctypes,
+        dims[5:].ctypes,
+    )
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
 def envelope_inverse(trsm, symm, gemm, trtri, lauum, a, start, bounds):
     # The selected inverse: from the factor of `envelope_cholesky` (same `start`; any
     # `bounds`), Z = A^-1 in place on the blocks' envelope, exact there (and zero in the
@@ -545,7 +570,6 @@ def envelope_inverse(trsm, symm, gemm, trtri, lauum, a, start, bounds):
     ld = np.array([n], np.int32)
     one = np.array([1.0])
     minus_one = np.array([-1.0])
-    zero = np.array([0.0])
     ch = np.array([ord("R"), ord("L"), ord("N"), ord("T")], np.uint8)
     info = np.zeros(1, np.int32)
     runs = np.empty((n_blocks, 2), np.int64)
@@ -610,36 +634,25 @@ def envelope_inverse(trsm, symm, gemm, trtri, lauum, a, start, bounds):
                     )
                 else:
                     # T[q] -= Z[q, p] Lh[p] and T[p] -= Z[q, p]^T Lh[q] (Z[q, p]: M[q0:, p0:])
-                    gemm(
-                        ch[2:].ctypes,
-                        ch[2:].ctypes,
-                        rq.ctypes,
-                        m.ctypes,
-                        rp.ctypes,
-                        minus_one.ctypes,
-                        a[p0:, q0:].ctypes,
-                        ld.ctypes,
-                        a[j0:, p0:].ctypes,
-                        ld.ctypes,
-                        one.ctypes,
-                        t[:, oq:].ctypes,
-                        lt.ctypes,
+                    nn, tt = ord("N"), ord("T")
+                    zq, zp = a[p0:, q0:], t[:, op:]
+                    _gemm(
+                        gemm,
+                        nn,
+                        nn,
+                        rq[0],
+                        mj,
+                        rp[0],
+                        -1.0,
+                        zq,
+                        n,
+                        a[j0:, p0:],
+                        n,
+                        1.0,
+                        t[:, oq:],
+                        r,
                     )
-                    gemm(
-                        ch[3:].ctypes,
-                        ch[2:].ctypes,
-                        rp.ctypes,
-                        m.ctypes,
-                        rq.ctypes,
-                        minus_one.ctypes,
-                        a[p0:, q0:].ctypes,
-                        ld.ctypes,
-                        a[j0:, q0:].ctypes,
-                        ld.ctypes,
-                        one.ctypes,
-                        t[:, op:].ctypes,
-                        lt.ctypes,
-                    )
+                    _gemm(gemm, tt, nn, rp[0], mj, rq[0], -1.0, zq, n, a[j0:, q0:], n, 1.0, zp, r)
                 oq += rq[0]
             op += rp[0]
         # (L_JJ L_JJ^T)^-1 in place: L_JJ^-1 (trtri), then L_JJ^-T L_JJ^-1 (lauum)
@@ -656,21 +669,9 @@ def envelope_inverse(trsm, symm, gemm, trtri, lauum, a, start, bounds):
         for p in range(n_runs):
             p0 = runs[p, 0]
             rp = np.array([runs[p, 1] - p0], np.int32)
-            gemm(
-                ch[3:].ctypes,
-                ch[2:].ctypes,
-                m.ctypes,
-                m.ctypes,
-                rp.ctypes,
-                one.ctypes,
-                t[:, op:].ctypes,
-                lt.ctypes,
-                a[j0:, p0:].ctypes,
-                ld.ctypes,
-                zero.ctypes if p == 0 else one.ctypes,
-                g.ctypes,
-                m.ctypes,
-            )
+            beta = 0.0 if p == 0 else 1.0
+            lh = a[j0:, p0:]
+            _gemm(gemm, ord("T"), ord("N"), mj, mj, rp[0], 1.0, t[:, op:], r, lh, n, beta, g, mj)
             op += rp[0]
         for c in range(mj):
             row = a[j0 + c]
