@@ -363,7 +363,13 @@ def test_sparse_route_forward_mode_and_hessian_match_the_dense_route(dataset):
 
 
 @pytest.mark.parametrize(
-    "mesh,reg", [("rect", "constant"), ("adaptive", "adaptive"), ("delaunay", "matern")]
+    "mesh,reg",
+    [
+        ("rect", "constant"),
+        ("adaptive", "adaptive"),
+        ("delaunay", "constant"),
+        ("delaunay", "matern"),
+    ],
 )
 def test_sparse_route_gradient_matches_the_dense_route_in_every_parameter(dataset, mesh, reg):
     # the sparse route solves in one host call (curvature, regularization and linear
@@ -398,6 +404,52 @@ def test_sparse_route_gradient_matches_the_dense_route_in_every_parameter(datase
     assert rel_err(jnp.stack(jax.tree.leaves(g_reg)), jnp.stack(jax.tree.leaves(lam(g_dense)))) < (
         1e-8 if X64 else 2e-2
     )
+
+
+@pytest.mark.parametrize("mesh", ["rect", "delaunay"])
+def test_regularization_entries_are_its_matrix(dataset, mesh):
+    # the sparse form of each built-in regularization is its dense matrix (the same log
+    # det), and its products are the dense ones; a dense Gaussian process and the
+    # curvature of a triangulation have none
+    geometry = _invert(
+        el.LogEvidence(dataset, route="dense"), _system(_mesh(mesh, dataset), _reg("constant"))
+    ).geometry
+    n = geometry.n_pixels
+    rng = np.random.default_rng(5)
+    signal = jnp.asarray(rng.uniform(0.0, 1.0, n))
+    x = jnp.asarray(rng.normal(size=n))
+    tol = 1e-12 if X64 else 1e-5
+    names = ["constant", "curvature", "adaptive", "matern"]
+    with_entries = {"constant", "adaptive"} | ({"curvature"} if mesh == "rect" else set())
+    for name in names:
+        reg = _reg(name)
+        sparse = reg.sparse_matrix(geometry, signal)
+        if name not in with_entries:
+            assert sparse is None
+            continue
+        assert sparse is not None
+        entries, logdet = sparse
+        h, logdet_dense = reg.matrix(geometry, signal)
+        assert isinstance(entries, el.source.SparseSymmetric)
+        assert rel_err(entries.todense(), h) < tol
+        # (the same value; in float32 the ridge makes a dense log det NaN for both)
+        np.testing.assert_allclose(float(logdet), float(logdet_dense), rtol=tol)
+        assert rel_err(entries.matvec(x), h @ x) < tol
+        assert float(entries.quadratic(x)) == pytest.approx(float(x @ h @ x), rel=1e-6)
+
+
+def test_sparse_symmetric_checks_its_entries():
+    # (the test suite's jaxtyping hook sees the mismatch first: a TypeError)
+    with pytest.raises((ValueError, TypeError), match=r"one shape|nnz"):
+        el.source.SparseSymmetric(np.arange(3), np.arange(2), np.ones(3), 3)
+    # an entry outside the matrix is an error on the host, not a write out of bounds
+    from equilens.source._host_linalg import _check_pattern
+
+    with pytest.raises(ValueError, match="outside"):
+        _check_pattern(np.array([0, 3]), np.array([1, 1]), 3)
+    with pytest.raises(ValueError, match="outside"):
+        _check_pattern(np.array([0, 1]), np.array([-1, 1]), 3)
+    _check_pattern(np.array([0, 2]), np.array([2, 2]), 3)
 
 
 class _MovingPattern(AbstractRegularization):
@@ -827,14 +879,16 @@ def test_sparse_kernels_give_the_same_sums_in_any_number_of_chunks(monkeypatch, 
 
 
 @pytest.mark.x64_only
-@pytest.mark.parametrize("fixed", [False, True])
-def test_host_system_gradient_outside_the_envelope(monkeypatch, fixed):
+@pytest.mark.parametrize("kind", ["moving", "fixed", "entries"])
+def test_host_system_gradient_outside_the_envelope(monkeypatch, kind):
     # a mapping with locality (each mapped pixel to the four source pixels around it on a
     # 3x coarser grid) gives a banded system: the far corner (0, n - 1) lies outside its
     # envelope. A regularization entry there that is zero but moves has the cotangent
-    # tr((F + H)^-1 dH) only from the whole inverse (fixed_sparsity False); the selected
-    # inverse, exact on the envelope, misses it (what the flag is for), yet agrees on a
-    # derivative that stays inside (the strength)
+    # tr((F + H)^-1 dH) only from the whole inverse (a dense H, fixed_sparsity False); the
+    # selected inverse, exact on the envelope, misses it (what the flag is for), yet
+    # agrees on a derivative that stays inside (the strength). Given by its entries
+    # (SparseSymmetric), the corner is in the pattern: the envelope holds it although its
+    # value is zero, and the selected inverse is exact there too
     from equilens.source import _host_linalg
     from equilens.source._sparse import _kernels, sparse_gram, sparse_tables
 
@@ -866,14 +920,21 @@ def test_host_system_gradient_outside_the_envelope(monkeypatch, fixed):
     def regularization(p):
         return p[0] * jnp.asarray(lap) + p[1] * jnp.asarray(corner)
 
+    rows, cols = np.nonzero(np.triu(lap))
+    rows, cols = np.append(rows, n_s - 1), np.append(cols, 0)  # the corner, reversed
+
+    def entries(p):
+        v = jnp.asarray(lap[rows[:-1], cols[:-1]])
+        return el.source.SparseSymmetric(rows, cols, jnp.append(p[0] * v, p[1]), n_s)
+
     def host(p):
         x, logdet = _host_linalg.sparse_system_solve(
             *args,
-            regularization(p),
+            entries(p) if kind == "entries" else regularization(p),
             jnp.asarray(gram),
             jnp.asarray(rhs),
             tables,
-            fixed_sparsity=fixed,
+            fixed_sparsity=kind == "fixed",
         )
         return jnp.sum(x * jnp.arange(1.0, x.shape[0] + 1)) + logdet
 
@@ -888,7 +949,7 @@ def test_host_system_gradient_outside_the_envelope(monkeypatch, fixed):
     assert abs(float(host(p) - dense(p))) < 1e-9 * abs(float(dense(p)))
     g_host, g_dense = jax.grad(host)(p), jax.grad(dense)(p)
     assert rel_err(g_host[0], g_dense[0]) < 1e-8
-    if fixed:
+    if kind == "fixed":
         assert abs(float(g_host[1] - g_dense[1])) > 1e-6 * abs(float(g_dense[1]))
     else:
         assert rel_err(g_host[1], g_dense[1]) < 1e-8

@@ -16,10 +16,9 @@ from ..source._geometry import (
     RectilinearGeometry,
     SparseRows,
     rect_operator_matrix,
-    sparse_gram,
 )
 from ..source._inversion import inverse_from_factor, logdet_factor, logdet_psd
-from ..source._pixelized import AbstractRegularization
+from ..source._pixelized import AbstractRegularization, SparseSymmetric
 
 #: Ridge added to the (singular) difference operators: `H = lambda (G^T G + RIDGE I)`, so
 #: that `H` is positive definite and `log det H` finite (the mean level of the source is
@@ -30,28 +29,69 @@ _POSITIVE = (0.0, math.inf)
 
 
 @functools.cache
-def _rect_logdet(ny: int, nx: int, order: int) -> float:
+def _rect_entries(ny: int, nx: int, order: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """The upper triangle's non-zeros of `G^T G + RIDGE I` on an `ny x nx` rectilinear mesh
+    (rows, columns, values; NumPy, computed once per shape) and its log det."""
     h0 = rect_operator_matrix(ny, nx, order) + RIDGE * np.eye(ny * nx)
     sign, value = np.linalg.slogdet(h0)
     assert sign > 0
-    return float(value)
+    rows, cols = np.nonzero(np.triu(h0))
+    return rows, cols, h0[rows, cols], float(value)
+
+
+def _gram_entries(
+    rows: SparseRows, n: int, weights: Float[Array, " r"], ridge: Float[Array, " n"]
+) -> SparseSymmetric:
+    """`G^T diag(weights) G + diag(ridge)` by entries, for difference rows `G` of two
+    entries each (`s_i - s_j` times a coefficient; padding rows have zero coefficients)."""
+    idx, coef = rows
+    i, j = idx[:, 0], idx[:, 1]
+    ci, cj = coef[:, 0] * coef[:, 0], coef[:, 1] * coef[:, 1]
+    nodes = jnp.arange(n, dtype=idx.dtype)
+    return SparseSymmetric(
+        rows=jnp.concatenate([i, j, i, nodes]),
+        cols=jnp.concatenate([i, j, j, nodes]),
+        values=jnp.concatenate(
+            [weights * ci, weights * cj, weights * coef[:, 0] * coef[:, 1], ridge]
+        ),
+        n=n,
+    )
+
+
+def _scaled_entries(
+    coefficient: FloatScalar, geometry: AbstractGeometry, order: int
+) -> tuple[SparseSymmetric, Scalar] | None:
+    """`lambda (G^T G + RIDGE I)` by entries and its log det (`order` 1: first differences,
+    2: curvature); None for the curvature of a triangulation (its square of the graph
+    Laplacian has no fixed-size pattern). For a rectilinear mesh the operator depends only
+    on the shape, so `log det = n log lambda + log det H0` with `H0`'s computed once
+    (NumPy); for a triangulation, on the topology (`_topology_logdet`)."""
+    n = geometry.n_pixels
+    dtype = coefficient.dtype
+    if isinstance(geometry, RectilinearGeometry):
+        r, c, v, logdet0 = _rect_entries(*geometry.shape, order)
+        entries = SparseSymmetric(r, c, coefficient * jnp.asarray(v, dtype), n)
+        return entries, n * jnp.log(coefficient) + logdet0
+    if order != 1:
+        return None
+    rows = geometry.gradient_rows()
+    unit = jnp.ones(rows[0].shape[0], dtype)
+    h0 = _gram_entries(rows, n, unit, jnp.full(n, RIDGE, dtype))
+    entries = SparseSymmetric(h0.rows, h0.cols, coefficient * h0.values, n)
+    return entries, n * jnp.log(coefficient) + _topology_logdet(rows, n, order, dtype)
 
 
 def _scaled(
     coefficient: FloatScalar, geometry: AbstractGeometry, order: int
 ) -> tuple[Float[Array, "n n"], Scalar]:
-    """`lambda (G^T G + RIDGE I)` and its log det; for a rectilinear mesh the operator
-    depends only on the shape, so `log det = n log lambda + log det H0` with `H0`'s log det
-    computed once (NumPy)."""
+    """`lambda (G^T G + RIDGE I)` (dense) and its log det."""
+    sparse = _scaled_entries(coefficient, geometry, order)
+    if sparse is not None:
+        return sparse[0].todense(), sparse[1]
     n = geometry.n_pixels
-    dtype = coefficient.dtype
-    if isinstance(geometry, RectilinearGeometry):
-        h0 = jnp.asarray(rect_operator_matrix(*geometry.shape, order) + RIDGE * np.eye(n), dtype)
-        return coefficient * h0, n * jnp.log(coefficient) + _rect_logdet(*geometry.shape, order)
     rows = geometry.gradient_rows()
-    op = sparse_gram(rows, n) if order == 1 else geometry.curvature_matrix()
-    h0 = op + RIDGE * jnp.eye(n, dtype=dtype)
-    return coefficient * h0, n * jnp.log(coefficient) + _topology_logdet(rows, n, order, dtype)
+    h0 = geometry.curvature_matrix() + RIDGE * jnp.eye(n, dtype=coefficient.dtype)
+    return coefficient * h0, n * jnp.log(coefficient) + _topology_logdet(rows, n, order, h0.dtype)
 
 
 def _topology_logdet(rows: SparseRows, n: int, order: int, dtype) -> Scalar:
@@ -118,6 +158,12 @@ class ConstantRegularization(AbstractRegularization):
         del signal
         return _scaled(self.coefficient, geometry, 1)
 
+    def sparse_matrix(
+        self, geometry: AbstractGeometry, signal: Float[Array, " n"]
+    ) -> tuple[SparseSymmetric, Scalar] | None:
+        del signal
+        return _scaled_entries(self.coefficient, geometry, 1)
+
 
 class CurvatureRegularization(AbstractRegularization):
     """Constant curvature regularization: `s^T H s = lambda |L s|^2` with `L` the second
@@ -137,6 +183,12 @@ class CurvatureRegularization(AbstractRegularization):
     ) -> tuple[Float[Array, "n n"], Scalar]:
         del signal
         return _scaled(self.coefficient, geometry, 2)
+
+    def sparse_matrix(
+        self, geometry: AbstractGeometry, signal: Float[Array, " n"]
+    ) -> tuple[SparseSymmetric, Scalar] | None:
+        del signal
+        return _scaled_entries(self.coefficient, geometry, 2)
 
 
 class AdaptiveBrightness(AbstractRegularization):
@@ -169,16 +221,26 @@ class AdaptiveBrightness(AbstractRegularization):
         self.outer_coefficient = _check_positive("outer_coefficient", outer_coefficient)
         self.signal_scale = _check_positive("signal_scale", signal_scale)
 
-    def matrix(
-        self, geometry: AbstractGeometry, signal: Float[Array, " n"]
-    ) -> tuple[Float[Array, "n n"], Scalar]:
+    def _entries(self, geometry: AbstractGeometry, signal: Float[Array, " n"]) -> SparseSymmetric:
         s = jnp.clip(signal, 0.0, 1.0)
         s = jnp.where(s > 0, jnp.where(s > 0, s, 1.0) ** self.signal_scale, 0.0)
         w = (self.inner_coefficient * s + self.outer_coefficient * (1.0 - s)) ** 2
-        idx, coef = geometry.gradient_rows()
+        rows = geometry.gradient_rows()
+        idx = rows[0]
         edge_w = 0.5 * (w[idx[:, 0]] + w[idx[:, 1]])
-        h = sparse_gram((idx, coef), geometry.n_pixels, edge_w) + RIDGE * jnp.diag(w)
+        return _gram_entries(rows, geometry.n_pixels, edge_w, RIDGE * w)
+
+    def matrix(
+        self, geometry: AbstractGeometry, signal: Float[Array, " n"]
+    ) -> tuple[Float[Array, "n n"], Scalar]:
+        h = self._entries(geometry, signal).todense()
         return h, logdet_psd(h)
+
+    def sparse_matrix(
+        self, geometry: AbstractGeometry, signal: Float[Array, " n"]
+    ) -> tuple[SparseSymmetric, Scalar] | None:
+        entries = self._entries(geometry, signal)
+        return entries, logdet_psd(entries.todense())
 
 
 def _distances(nodes: Float[Array, "n 2"]) -> Float[Array, "n n"]:

@@ -20,4 +20,5 @@ from ._mesh import (
 from ._pixelized import (
     AbstractRegularization as AbstractRegularization,
     PixelizedSource as PixelizedSource,
+    SparseSymmetric as SparseSymmetric,
 )

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, Scalar
 
+from ._pixelized import SparseSymmetric
 from ._sparse import (
     LAPACK_THREADS,
     SparseTables,
@@ -184,26 +185,34 @@ def _rotate(v, k: int):
     return np.concatenate([v[k:], v[:k]])
 
 
-def _system_host(idx, w, values, inv_sigma, reg, gram, rhs, *tables, keep_factor: bool):
+def _system_host(
+    idx, w, values, inv_sigma, rows, cols, reg, gram, rhs, *tables, n_s: int, keep_factor: bool
+):
     # a = [[F + reg, E1], [E1^T, gram]] (only its upper triangle is formed; F's in place),
     # b = [E0, rhs], with [E0, E1] = E: solved, factor kept when differentiated. The
     # linear-light rows come last, so that their dense rows do not widen the envelope of
-    # the source's; x is returned in the caller's order [linear, source].
+    # the source's; x is returned in the caller's order [linear, source]. `reg` is dense
+    # (n_s x n_s) or the values of the entries at (rows, cols) (`SparseSymmetric`).
     dtype = w.dtype
-    n_s, o = reg.shape[0], gram.shape[0]
+    o = gram.shape[0]
     n = n_s + o
-    idx, w, values, inv_sigma, reg, gram, rhs, *tables = host64(
-        idx, w, values, inv_sigma, reg, gram, rhs, *tables
+    idx, w, values, inv_sigma, rows, cols, reg, gram, rhs, *tables = host64(
+        idx, w, values, inv_sigma, rows, cols, reg, gram, rhs, *tables
     )
     a = np.empty((n, n))
     e, first = run_kernel("forward_into", a, 0, n_s, idx, w, values, inv_sigma, *tables)
-    from ._sparse_kernels import add_upper
+    from ._sparse_kernels import add_entries, add_upper
 
-    add_upper(a, 0, reg)
+    # the factor's envelope: the non-zeros of F + reg (and the entries of a sparse reg,
+    # whatever their values), the linear rows dense
+    start = np.concatenate([np.arange(n_s), np.zeros(o, np.int64)])
+    if reg.ndim == 2:
+        add_upper(a, 0, reg)
+    else:
+        _check_pattern(rows, cols, n_s)
+        add_entries(a, start, rows, cols, reg)
     a[:n_s, n_s:] = e[:, 1:]
     a[n_s:, n_s:] = gram
-    # the factor's envelope: the non-zeros of F + reg, the linear rows dense
-    start = np.concatenate([np.arange(n_s), np.zeros(o, np.int64)])
     b = np.concatenate([e[:, 0], rhs])
     if _leading_block_singular(gram):
         x, logdet, u, scale = np.full(n, np.nan), np.nan, None, np.ones(n)
@@ -215,6 +224,14 @@ def _system_host(idx, w, values, inv_sigma, reg, gram, rhs, *tables, keep_factor
     start = np.minimum(start, np.concatenate([first, np.zeros(o, np.int64)]))
     solved = (_rotate(x, n_s), logdet, u, scale, start)
     return _outputs(solved, dtype, keep_factor, True)
+
+
+def _check_pattern(rows: np.ndarray, cols: np.ndarray, n: int) -> None:
+    """Raises if a sparse regularization's entry lies outside the `n x n` matrix."""
+    if rows.size and (min(rows.min(), cols.min()) < 0 or max(rows.max(), cols.max()) >= n):
+        raise ValueError(
+            f"a SparseSymmetric regularization entry lies outside its {n} x {n} matrix"
+        )
 
 
 def _leading_block_singular(gram: np.ndarray) -> bool:
@@ -239,23 +256,42 @@ _DIFF: tuple[str, ...] = ("w", "values", "reg", "gram", "rhs")
 
 
 def _system_bwd_host(
-    u, scale, x, x_bar, l_bar, start, idx, w, values, inv_sigma, *tables, o, need, selected
+    u,
+    scale,
+    x,
+    x_bar,
+    l_bar,
+    start,
+    idx,
+    w,
+    values,
+    inv_sigma,
+    rows,
+    cols,
+    *tables,
+    o,
+    need,
+    selected,
+    sparse_reg,
 ):
     # the cotangents of the operands named in `need` (see `_system_host`)
     n = x.shape[0]
     n_s = n - o
     dtype = u.dtype
     if not np.all(np.isfinite(u)):
-        shapes = {"w": w.shape, "values": values.shape, "reg": (n_s, n_s), "gram": (o, o)}
+        reg_shape = rows.shape if sparse_reg else (n_s, n_s)
+        shapes = {"w": w.shape, "values": values.shape, "reg": reg_shape, "gram": (o, o)}
         return tuple(np.zeros(shapes.get(key, (o,)), dtype) for key in need)  # rhs: (o,)
-    from ._sparse_kernels import inverse_cotangent
+    from ._sparse_kernels import entries_cotangent, inverse_cotangent
 
     scale = np.asarray(scale, np.float64)
     x, x_bar = (_rotate(np.asarray(v, np.float64), o) for v in (x, x_bar))
     l_bar = float(l_bar)
     # (S Z S = a^-1 is needed on F's, E1's and gram's entries, all inside the envelope;
-    # on reg's too, which holds them unless its zeros can move: `selected` False)
-    envelope = None if "reg" in need and not selected else np.asarray(start, np.int64)
+    # on reg's too, which holds them unless its zeros can move: a dense reg and `selected`
+    # False)
+    whole = "reg" in need and not (selected or sparse_reg)
+    envelope = None if whole else np.asarray(start, np.int64)
     b_bar, z = _inverse(np.array(u, dtype=np.float64), scale, x_bar, envelope, n_s)
     out: dict[str, np.ndarray] = {"rhs": b_bar[n_s:]}
     if "w" in need or "values" in need:
@@ -275,41 +311,49 @@ def _system_bwd_host(
             "backward_inverse", z, scale, b_bar, x, l_bar, 0, n_s, *args[:4], e_bar, *args[4:]
         )
     if "reg" in need:
-        out["reg"] = inverse_cotangent(z, scale, b_bar, x, l_bar, 0, n_s)
+        if sparse_reg:
+            rows, cols = host64(rows, cols)
+            out["reg"] = entries_cotangent(z, scale, b_bar, x, l_bar, rows, cols)
+        else:
+            out["reg"] = inverse_cotangent(z, scale, b_bar, x, l_bar, 0, n_s)
     if "gram" in need:
         out["gram"] = inverse_cotangent(z, scale, b_bar, x, l_bar, n_s, o)
     return tuple(out[key].astype(dtype, copy=False) for key in need)
 
 
-def _system(diff, idx, inv_sigma, tables, keep_factor: bool):
+def _system(diff, pattern, idx, inv_sigma, tables, n_s: int, keep_factor: bool):
     w, values, reg, gram, rhs = diff
-    n = gram.shape[0] + reg.shape[0]
+    n = gram.shape[0] + n_s
     shapes = (jax.ShapeDtypeStruct((n,), w.dtype), jax.ShapeDtypeStruct((), w.dtype))
     if keep_factor:
         factor = jax.ShapeDtypeStruct((n, n), w.dtype)
         shapes = (*shapes, factor, shapes[0], jax.ShapeDtypeStruct((n,), jnp.int32))
-    host = functools.partial(_system_host, keep_factor=keep_factor)
-    args = (idx, w, values, inv_sigma, reg, gram, rhs, *table_arrays(tables))
+    host = functools.partial(_system_host, n_s=n_s, keep_factor=keep_factor)
+    args = (idx, w, values, inv_sigma, *pattern, reg, gram, rhs, *table_arrays(tables))
     return jax.pure_callback(host, shapes, *args, vmap_method="sequential")
 
 
 @eqx.filter_custom_vjp
-def _sparse_system(diff, idx, inv_sigma, tables, selected):
+def _sparse_system(diff, pattern, idx, inv_sigma, tables, n_s, selected):
     del selected
-    return _system(diff, idx, inv_sigma, tables, keep_factor=False)
+    return _system(diff, pattern, idx, inv_sigma, tables, n_s, keep_factor=False)
 
 
 @_sparse_system.def_fwd
-def _sparse_system_fwd(perturbed, diff, idx, inv_sigma, tables, selected):
+def _sparse_system_fwd(perturbed, diff, pattern, idx, inv_sigma, tables, n_s, selected):
     del perturbed, selected
-    x, logdet, u, scale, start = _system(diff, idx, inv_sigma, tables, keep_factor=True)
+    x, logdet, u, scale, start = _system(
+        diff, pattern, idx, inv_sigma, tables, n_s, keep_factor=True
+    )
     return (x, logdet), (u, scale, x, start)
 
 
 @_sparse_system.def_bwd
-def _sparse_system_bwd(residuals, g, perturbed, diff, idx, inv_sigma, tables, selected):
+def _sparse_system_bwd(
+    residuals, g, perturbed, diff, pattern, idx, inv_sigma, tables, n_s, selected
+):
     u, scale, x, start = residuals
-    w, values, _, gram, _ = diff
+    w, values, reg, gram, _ = diff
     x_bar, l_bar = g
     # (a symbolic-zero cotangent arrives as None)
     x_bar = jnp.zeros_like(x) if x_bar is None else x_bar
@@ -317,8 +361,17 @@ def _sparse_system_bwd(residuals, g, perturbed, diff, idx, inv_sigma, tables, se
     arrays = dict(zip(_DIFF, diff, strict=True))
     need = tuple(key for key, p in zip(_DIFF, perturbed, strict=True) if p)
     shapes = tuple(jax.ShapeDtypeStruct(arrays[key].shape, x.dtype) for key in need)
-    host = functools.partial(_system_bwd_host, o=gram.shape[0], need=need, selected=selected)
-    args = (u, scale, x, x_bar, l_bar, start, idx, w, values, inv_sigma, *table_arrays(tables))
+    host = functools.partial(
+        _system_bwd_host,
+        o=gram.shape[0],
+        need=need,
+        selected=selected,
+        sparse_reg=reg.ndim == 1,
+    )
+    args = (
+        *(u, scale, x, x_bar, l_bar, start),
+        *(idx, w, values, inv_sigma, *pattern, *table_arrays(tables)),
+    )
     got = jax.pure_callback(host, shapes, *args, vmap_method="sequential") if need else ()
     return tuple(dict(zip(need, got, strict=True)).get(key) for key in _DIFF)
 
@@ -328,7 +381,7 @@ def sparse_system_solve(
     w: Float[Array, "p k"],
     values: Float[Array, "n_mask m"],
     inv_sigma: Float[Array, " n_mask"],
-    reg: Float[Array, "n_source n_source"],
+    reg: Float[Array, "n_source n_source"] | SparseSymmetric,
     gram: Float[Array, "n_linear n_linear"],
     rhs: Float[Array, " n_linear"],
     tables: SparseTables,
@@ -340,15 +393,25 @@ def sparse_system_solve(
     (`n = n_linear + n_source`) and returns `x` and `log det a` (NaN, with zero
     cotangents, when `a` is not positive definite). The `n x n` matrices never leave the
     host, except the factor that the reverse-mode rule keeps (and `reg`'s cotangent, when
-    `reg` is differentiated): two to six fewer `n^2` copies than `sparse_gram` followed
-    by `host_cholesky_solve`. Reverse-mode differentiable in `w`, `values`, `reg`,
-    `gram` and `rhs` (`reg` and `gram` symmetric; their upper triangles are read).
+    a dense `reg` is differentiated): two to six fewer `n^2` copies than `sparse_gram`
+    followed by `host_cholesky_solve`. Reverse-mode differentiable in `w`, `values`,
+    `reg` (a dense `reg`, or a `SparseSymmetric`'s values), `gram` and `rhs` (`reg` and
+    `gram` symmetric; their upper triangles are read).
 
-    The reverse-mode rule needs `a^-1` only on the entries that can vary: with
-    `fixed_sparsity` (`reg`'s zero entries stay zero, as every built-in regularization's
-    do) it forms it only on the envelope of `a`'s factor (a selected inverse, exact
-    there), otherwise all of it; `reg`'s cotangent is then exact only where `reg` (or
-    `F`) is non-zero."""
-    fixed = jax.lax.stop_gradient((inv_sigma, tables))
-    diff = (w, values, reg, gram, rhs)
-    return _sparse_system(diff, idx, fixed[0], fixed[1], bool(fixed_sparsity))
+    The reverse-mode rule needs `a^-1` only on the entries that can vary: for a sparse
+    `reg`, or a dense one with `fixed_sparsity` (`reg`'s zero entries stay zero, as every
+    built-in regularization's do), it forms it only on the envelope of `a`'s factor (a
+    selected inverse, exact there; a sparse `reg`'s entries are in it whatever their
+    values), otherwise all of it; a dense `reg`'s cotangent is then exact only where
+    `reg` (or `F`) is non-zero."""
+    n_s = int(reg.n if isinstance(reg, SparseSymmetric) else reg.shape[0])
+    if isinstance(reg, SparseSymmetric):
+        pattern = (reg.rows, reg.cols)
+        reg_values = reg.values
+    else:
+        empty = jnp.zeros(0, jnp.int32)
+        pattern = (empty, empty)
+        reg_values = reg
+    fixed = jax.lax.stop_gradient((inv_sigma, tables, pattern))
+    diff = (w, values, reg_values, gram, rhs)
+    return _sparse_system(diff, fixed[2], idx, fixed[0], fixed[1], n_s, bool(fixed_sparsity))

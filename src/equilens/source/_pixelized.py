@@ -4,13 +4,65 @@ import abc
 from typing import ClassVar
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Scalar
+import numpy as np
+from jaxtyping import Array, Float, Int, Scalar
 
 from .._custom_types import GridArray, as_float
 from ..light import AbstractLightProfile
 from ._geometry import AbstractGeometry
 from ._mesh import AbstractMesh
+
+
+class SparseSymmetric(eqx.Module):
+    """A symmetric `n x n` matrix by its non-zero entries (coordinate form): entry `e`
+    puts `values[e]` at `(rows[e], cols[e])` and, off the diagonal, at `(cols[e],
+    rows[e])` too, so each pair of indices is listed once (in either order); repeated
+    entries add up. The pattern (`rows`, `cols`) is structure, never differentiated; the
+    `values` are. `n` is static."""
+
+    rows: Int[Array, " nnz"]
+    cols: Int[Array, " nnz"]
+    values: Float[Array, " nnz"]
+    n: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        rows: Int[Array | np.ndarray, " nnz"],
+        cols: Int[Array | np.ndarray, " nnz"],
+        values: Float[Array | np.ndarray, " nnz"],
+        n: int,
+    ):
+        self.rows = jax.lax.stop_gradient(jnp.asarray(rows))
+        self.cols = jax.lax.stop_gradient(jnp.asarray(cols))
+        self.values = as_float(values)
+        self.n = int(n)
+        if not (self.rows.shape == self.cols.shape == self.values.shape):
+            raise ValueError(
+                "SparseSymmetric's rows, cols and values must have one shape, got "
+                f"{self.rows.shape}, {self.cols.shape}, {self.values.shape}"
+            )
+
+    def _off_diagonal(self) -> Float[Array, " nnz"]:
+        return jnp.where(self.rows == self.cols, 0.0, self.values)
+
+    def todense(self) -> Float[Array, "n n"]:
+        """The dense `n x n` matrix."""
+        out = jnp.zeros((self.n, self.n), self.values.dtype)
+        out = out.at[self.rows, self.cols].add(self.values)
+        return out.at[self.cols, self.rows].add(self._off_diagonal())
+
+    def matvec(self, x: Float[Array, " n"]) -> Float[Array, " n"]:
+        """The product with a vector `x`."""
+        out = jnp.zeros(self.n, jnp.result_type(self.values, x))
+        out = out.at[self.rows].add(self.values * x[self.cols])
+        return out.at[self.cols].add(self._off_diagonal() * x[self.rows])
+
+    def quadratic(self, x: Float[Array, " n"]) -> Scalar:
+        """The quadratic form `x^T A x`."""
+        twice = jnp.where(self.rows == self.cols, 1.0, 2.0)
+        return jnp.sum(twice * self.values * x[self.rows] * x[self.cols])
 
 
 class AbstractRegularization(eqx.Module):
@@ -20,6 +72,11 @@ class AbstractRegularization(eqx.Module):
     `signal` is a brightness estimate per source pixel in `[0, 1]` (used by adaptive
     schemes; ignored otherwise). Strength parameters are array fields, so a fit can vary
     them (by maximising the Bayesian evidence); their `bounds` keep them positive.
+
+    A regularization whose `H` is sparse (a few neighbours per pixel) also gives it as a
+    `SparseSymmetric` from `sparse_matrix` (None, the default, when it has no sparse
+    form): the inversion then never forms the dense `H` where it need not (the "sparse"
+    curvature route adds its entries on the host, and differentiates them alone).
     """
 
     bounds: ClassVar[dict[str, tuple[float, float]]] = {}
@@ -37,6 +94,15 @@ class AbstractRegularization(eqx.Module):
         self, geometry: AbstractGeometry, signal: Float[Array, " n"]
     ) -> tuple[Float[Array, "n n"], Scalar]:
         """The regularization matrix `H` and `log det H`."""
+
+    def sparse_matrix(
+        self, geometry: AbstractGeometry, signal: Float[Array, " n"]
+    ) -> tuple[SparseSymmetric, Scalar] | None:
+        """`H` (the same matrix as `matrix`'s) by its non-zero entries and `log det H`, or
+        None when `H` has no sparse form (the default). Its pattern must depend on the
+        geometry's structure only (its shape or triangulation), never on parameters."""
+        del geometry, signal
+        return None
 
 
 class PixelizedSource(AbstractLightProfile):

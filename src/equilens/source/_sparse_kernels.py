@@ -434,6 +434,41 @@ def add_upper(a, o, b):
 
 @numba.njit(cache=True, nogil=True)
 @no_type_check
+def add_entries(a, start, rows, cols, values):
+    # the upper triangle of `a` += a symmetric matrix's entries (each pair of indices once,
+    # in either order; repeats add up), and start[j] <- min(start[j], i) for each entry
+    # (i, j), i <= j: the envelope holds the pattern whatever its values
+    for e in range(values.shape[0]):
+        i = rows[e]
+        j = cols[e]
+        if i > j:
+            i, j = j, i
+        a[i, j] += values[e]
+        if start[j] > i:
+            start[j] = i
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
+def entries_cotangent(z, scale, b_bar, x, l_bar, rows, cols):
+    # the cotangents of the entries of `add_entries`: a_bar[i, j] + a_bar[j, i] off the
+    # diagonal, a_bar[i, i] on it, with a_bar = l_bar S Z S - b_bar x^T (Z's upper triangle)
+    out = np.empty(rows.shape[0])
+    for e in range(rows.shape[0]):
+        i = rows[e]
+        j = cols[e]
+        if i > j:
+            i, j = j, i
+        v = l_bar * scale[i] * z[i, j] * scale[j]
+        if i == j:
+            out[e] = v - b_bar[i] * x[i]
+        else:
+            out[e] = 2.0 * v - b_bar[i] * x[j] - b_bar[j] * x[i]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
 def jacobi_envelope(a, scale, start):
     # symmetric Jacobi scaling of the upper triangle of `a` in place, a_ij <- a_ij s_i s_j
     # with s_i = 1 / sqrt(a_ii) (1 where a_ii <= 0) into `scale`, and in the same pass

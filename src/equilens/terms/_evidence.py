@@ -23,7 +23,7 @@ from ..source._inversion import (
     solve_system,
     w_tilde_table,
 )
-from ..source._pixelized import PixelizedSource
+from ..source._pixelized import PixelizedSource, SparseSymmetric
 from ..source._sparse import SparseTables, numba_available, sparse_gram, sparse_tables
 from ._imaging import AbstractImagingTerm, _used_pixels
 
@@ -205,12 +205,18 @@ class LogEvidence(AbstractImagingTerm):
             signal = signal / jnp.maximum(jnp.max(signal), jnp.finfo(signal.dtype).tiny)
         else:
             signal = jnp.zeros(n_s, w.dtype)
-        reg, log_det_reg = src.regularization.matrix(geometry, signal)
+        sparse_reg = src.regularization.sparse_matrix(geometry, signal)
+        if sparse_reg is None:
+            reg, log_det_reg = src.regularization.matrix(geometry, signal)
+        else:
+            # (kept by entries: the dense H is formed only for the routes that add it in JAX)
+            reg, log_det_reg = sparse_reg
 
         positive = jnp.arange(n_lin + n_s) >= n_lin if self.nonnegative else None
 
         def solve(curvature, d_source, cross, host=False):
-            a = jnp.block([[light @ light.T, cross.T], [cross, curvature + reg]])
+            dense_reg = reg.todense() if isinstance(reg, SparseSymmetric) else reg
+            a = jnp.block([[light @ light.T, cross.T], [cross, curvature + dense_reg]])
             b = jnp.concatenate([light @ target, d_source])
             return solve_system(a, b, positive, host=host)
 
@@ -271,7 +277,9 @@ class LogEvidence(AbstractImagingTerm):
         resid = ((imaging.data - model) / imaging.noise_map).reshape(-1)[self.pixels]
         residuals = jnp.zeros(ny * nx, w.dtype).at[self.pixels].set(resid).reshape(ny, nx)
         chi2 = jnp.sum(resid * resid)
-        reg_term = values @ (reg @ values)
+        reg_term = (
+            reg.quadratic(values) if isinstance(reg, SparseSymmetric) else values @ (reg @ values)
+        )
         norm = noise_normalisation(noise)
         log_dets = jnp.where(solved, sol.log_det_curvature - log_det_reg, 0.0)
         log_ev = -0.5 * (chi2 + reg_term + log_dets + norm)
