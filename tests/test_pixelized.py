@@ -955,6 +955,53 @@ def test_host_system_gradient_outside_the_envelope(monkeypatch, kind):
         assert rel_err(g_host[1], g_dense[1]) < 1e-8
 
 
+def test_factor_store_is_only_a_shortcut(dataset, monkeypatch):
+    # the sparse route's reverse pass takes the forward call's factor from the host store;
+    # without it (dropped, or taken by an earlier pass of the same call) it recomputes it:
+    # the same gradient either way, and a second pullback of one forward call still right
+    from equilens.source import _host_linalg
+
+    system = _system(_mesh("rect", dataset), _reg("constant"), lens_light=True)
+    params, static = eqx.partition(system, eqx.is_inexact_array)
+    term = el.LogEvidence(dataset, route="sparse")
+
+    def loss(p):
+        return term(eqx.combine(p, static))
+
+    def flat(tree):
+        return jnp.concatenate([jnp.ravel(v) for v in jax.tree.leaves(tree)])
+
+    value, pullback = jax.vjp(loss, params)
+    first = flat(pullback(jnp.ones_like(value))[0])
+    assert len(_host_linalg._FACTORS._items) == 0  # taken, not left behind
+    second = flat(pullback(jnp.ones_like(value))[0])  # its factor is gone: recomputed
+    assert rel_err(second, first) < (1e-12 if X64 else 1e-5)
+    monkeypatch.setattr(_host_linalg._FACTORS, "take", lambda key: None)
+    third = flat(jax.grad(loss)(params))
+    assert rel_err(third, first) < (1e-12 if X64 else 1e-5)
+    assert int(jnp.sum(first != 0.0)) >= 5
+
+
+def test_factor_store_keeps_the_newest_within_its_memory():
+    from equilens.source._host_linalg import _FactorStore
+
+    store = _FactorStore(max_bytes=3 * 800)
+    factors = [np.full((10, 10), float(i)) for i in range(5)]
+    keys = [store.keep(("solved", i), f) for i, f in enumerate(factors)]
+    assert len(set(keys)) == 5
+    assert [store.take(k) for k in keys] == [
+        None,
+        None,
+        ("solved", 2),
+        ("solved", 3),
+        ("solved", 4),
+    ]
+    assert store.take(keys[4]) is None
+    # one factor larger than the budget is still kept (until the next arrives)
+    big = store.keep(("big",), np.zeros((20, 20)))
+    assert store.take(big) == ("big",)
+
+
 def test_sparse_kernels_run_with_single_threaded_blas(dataset, monkeypatch):
     # BLAS's own threads inside Numba's parallel loops oversubscribe the cores
     import threadpoolctl

@@ -18,7 +18,9 @@ rule forms `a^-1` only on the factor's envelope (a selected inverse,
 `_sparse_kernels.envelope_inverse`), which holds every entry its cotangents read.
 """
 
+import collections
 import functools
+import threading
 
 import equinox as eqx
 import jax
@@ -105,18 +107,16 @@ def _inverse(
     return y * scale, lower.T
 
 
-def _outputs(solved: tuple, dtype, keep_factor: bool, keep_start: bool = False) -> tuple:
+def _outputs(solved: tuple, dtype, keep_factor: bool) -> tuple:
     """`_solve_factored`'s results in `dtype` for JAX: `x`, `log det` and, with
-    `keep_factor`, the factor (NaN when there is none) and the scale (and, with
-    `keep_start`, the envelope, int32)."""
-    x, logdet, u, scale, start = solved
+    `keep_factor`, the factor (NaN when there is none) and the scale."""
+    x, logdet, u, scale, _ = solved
     out = (x.astype(dtype), np.asarray(logdet, dtype))
     if not keep_factor:
         return out
     n = x.shape[0]
     u = np.full((n, n), np.nan) if u is None else u
-    out = (*out, u.astype(dtype, copy=False), scale.astype(dtype))
-    return (*out, start.astype(np.int32)) if keep_start else out
+    return (*out, u.astype(dtype, copy=False), scale.astype(dtype))
 
 
 def _solve_host(a, b, keep_factor: bool):
@@ -185,15 +185,13 @@ def _rotate(v, k: int):
     return np.concatenate([v[k:], v[:k]])
 
 
-def _system_host(
-    idx, w, values, inv_sigma, rows, cols, reg, gram, rhs, *tables, n_s: int, keep_factor: bool
-):
+def _system_solved(idx, w, values, inv_sigma, rows, cols, reg, gram, rhs, *tables, n_s: int):
     # a = [[F + reg, E1], [E1^T, gram]] (only its upper triangle is formed; F's in place),
-    # b = [E0, rhs], with [E0, E1] = E: solved, factor kept when differentiated. The
-    # linear-light rows come last, so that their dense rows do not widen the envelope of
-    # the source's; x is returned in the caller's order [linear, source]. `reg` is dense
-    # (n_s x n_s) or the values of the entries at (rows, cols) (`SparseSymmetric`).
-    dtype = w.dtype
+    # b = [E0, rhs], with [E0, E1] = E, solved: x (in this order), log det a, the factor
+    # (None when a is not positive definite), its scale and the selected inverse's
+    # envelope, all float64. The linear-light rows come last, so that their dense rows do
+    # not widen the envelope of the source's. `reg` is dense (n_s x n_s) or the values of
+    # the entries at (rows, cols) (`SparseSymmetric`).
     o = gram.shape[0]
     n = n_s + o
     idx, w, values, inv_sigma, rows, cols, reg, gram, rhs, *tables = host64(
@@ -218,12 +216,62 @@ def _system_host(
         x, logdet, u, scale = np.full(n, np.nan), np.nan, None, np.ones(n)
     else:
         x, logdet, u, scale, start = _solve_factored(a, b, start, n_s)
-    # the selected inverse's (kept for the reverse-mode rule): that and F's structure
-    # (every pair of source pixels that share a tile: the entries the backward kernel
-    # reads, some of which can be zero in F)
+    # the selected inverse's (for the reverse-mode rule): that and F's structure (every
+    # pair of source pixels that share a tile: the entries the backward kernel reads, some
+    # of which can be zero in F)
     start = np.minimum(start, np.concatenate([first, np.zeros(o, np.int64)]))
-    solved = (_rotate(x, n_s), logdet, u, scale, start)
-    return _outputs(solved, dtype, keep_factor, True)
+    return x, logdet, u, scale, start
+
+
+def _system_host(*args, n_s: int, keep_factor: bool):
+    # x (in the caller's order [linear, source]) and log det a; with `keep_factor`, also
+    # the key under which the factor waits on the host for the reverse pass
+    solved = _system_solved(*args, n_s=n_s)
+    x, logdet, u = solved[:3]
+    dtype = args[1].dtype
+    out = (_rotate(x, n_s).astype(dtype), np.asarray(logdet, dtype))
+    if not keep_factor:
+        return out
+    return (*out, np.asarray(_FACTORS.keep(solved, u), np.int32))
+
+
+class _FactorStore:
+    """The factors of the sparse route's forward calls, kept on the host for their reverse
+    pass (the `n x n` factor would otherwise go to JAX and back: two copies of 8 MiB at
+    n = 1,024, and rounded to float32 in a float32 program), under a key that the forward
+    call returns. A reverse pass takes its factor out; one that finds none (dropped to
+    stay within `max_bytes`, or taken by another pass of the same call) recomputes it
+    from the operands, so the store never changes a result."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._items: collections.OrderedDict[int, tuple] = collections.OrderedDict()
+        self._bytes: dict[int, int] = {}
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def keep(self, item: tuple, factor: np.ndarray | None) -> int:
+        size = 0 if factor is None else factor.nbytes
+        with self._lock:
+            self._next = self._next % (2**31 - 1) + 1
+            key = self._next
+            self._items[key] = item
+            self._bytes[key] = size
+            while sum(self._bytes.values()) > self.max_bytes and len(self._items) > 1:
+                old, _ = self._items.popitem(last=False)
+                del self._bytes[old]
+            return key
+
+    def take(self, key: int) -> tuple | None:
+        with self._lock:
+            self._bytes.pop(key, None)
+            return self._items.pop(key, None)
+
+
+#: At most this much memory of factors waits on the host between the forward and reverse
+#: passes of the sparse route (more are recomputed in the reverse pass).
+FACTOR_STORE_BYTES = 512 * 2**20
+_FACTORS = _FactorStore(FACTOR_STORE_BYTES)
 
 
 def _check_pattern(rows: np.ndarray, cols: np.ndarray, n: int) -> None:
@@ -255,44 +303,29 @@ def _leading_block_singular(gram: np.ndarray) -> bool:
 _DIFF: tuple[str, ...] = ("w", "values", "reg", "gram", "rhs")
 
 
-def _system_bwd_host(
-    u,
-    scale,
-    x,
-    x_bar,
-    l_bar,
-    start,
-    idx,
-    w,
-    values,
-    inv_sigma,
-    rows,
-    cols,
-    *tables,
-    o,
-    need,
-    selected,
-    sparse_reg,
-):
-    # the cotangents of the operands named in `need` (see `_system_host`)
-    n = x.shape[0]
-    n_s = n - o
-    dtype = u.dtype
-    if not np.all(np.isfinite(u)):
+def _system_bwd_host(key, x_bar, l_bar, *args, o, need, selected, sparse_reg):
+    # the cotangents of the operands named in `need` (`args`: those of `_system_solved`)
+    idx, w, values, inv_sigma, rows, cols = args[:6]
+    tables = args[9:]
+    dtype = w.dtype
+    n_s = x_bar.shape[0] - o
+    solved = _FACTORS.take(int(key))
+    if solved is None:
+        solved = _system_solved(*args, n_s=n_s)
+    x, _, u, scale, start = solved
+    if u is None:
         reg_shape = rows.shape if sparse_reg else (n_s, n_s)
         shapes = {"w": w.shape, "values": values.shape, "reg": reg_shape, "gram": (o, o)}
         return tuple(np.zeros(shapes.get(key, (o,)), dtype) for key in need)  # rhs: (o,)
     from ._sparse_kernels import entries_cotangent, inverse_cotangent
 
-    scale = np.asarray(scale, np.float64)
-    x, x_bar = (_rotate(np.asarray(v, np.float64), o) for v in (x, x_bar))
+    x_bar = _rotate(np.asarray(x_bar, np.float64), o)
     l_bar = float(l_bar)
     # (S Z S = a^-1 is needed on F's, E1's and gram's entries, all inside the envelope;
     # on reg's too, which holds them unless its zeros can move: a dense reg and `selected`
     # False)
     whole = "reg" in need and not (selected or sparse_reg)
-    envelope = None if whole else np.asarray(start, np.int64)
-    b_bar, z = _inverse(np.array(u, dtype=np.float64), scale, x_bar, envelope, n_s)
+    b_bar, z = _inverse(u, scale, x_bar, None if whole else start, n_s)
     out: dict[str, np.ndarray] = {"rhs": b_bar[n_s:]}
     if "w" in need or "values" in need:
         # E's cotangent: [b_bar of E0, that of E1 (E1 is in a twice: a[:n_s, n_s:] and
@@ -306,9 +339,9 @@ def _system_bwd_host(
             - np.outer(b_bar[:n_s], x[n_s:])
             - np.outer(x[:n_s], b_bar[n_s:])
         )
-        args = host64(idx, w, values, inv_sigma, *tables)
+        host = host64(idx, w, values, inv_sigma, *tables)
         out["w"], out["values"] = run_kernel(
-            "backward_inverse", z, scale, b_bar, x, l_bar, 0, n_s, *args[:4], e_bar, *args[4:]
+            "backward_inverse", z, scale, b_bar, x, l_bar, 0, n_s, *host[:4], e_bar, *host[4:]
         )
     if "reg" in need:
         if sparse_reg:
@@ -321,15 +354,20 @@ def _system_bwd_host(
     return tuple(out[key].astype(dtype, copy=False) for key in need)
 
 
-def _system(diff, pattern, idx, inv_sigma, tables, n_s: int, keep_factor: bool):
+def _system_args(diff, pattern, idx, inv_sigma, tables) -> tuple:
+    # the operands of `_system_solved`, in its order
     w, values, reg, gram, rhs = diff
+    return (idx, w, values, inv_sigma, *pattern, reg, gram, rhs, *table_arrays(tables))
+
+
+def _system(diff, pattern, idx, inv_sigma, tables, n_s: int, keep_factor: bool):
+    w, _, _, gram, _ = diff
     n = gram.shape[0] + n_s
     shapes = (jax.ShapeDtypeStruct((n,), w.dtype), jax.ShapeDtypeStruct((), w.dtype))
     if keep_factor:
-        factor = jax.ShapeDtypeStruct((n, n), w.dtype)
-        shapes = (*shapes, factor, shapes[0], jax.ShapeDtypeStruct((n,), jnp.int32))
+        shapes = (*shapes, jax.ShapeDtypeStruct((), jnp.int32))
     host = functools.partial(_system_host, n_s=n_s, keep_factor=keep_factor)
-    args = (idx, w, values, inv_sigma, *pattern, reg, gram, rhs, *table_arrays(tables))
+    args = _system_args(diff, pattern, idx, inv_sigma, tables)
     return jax.pure_callback(host, shapes, *args, vmap_method="sequential")
 
 
@@ -342,25 +380,24 @@ def _sparse_system(diff, pattern, idx, inv_sigma, tables, n_s, selected):
 @_sparse_system.def_fwd
 def _sparse_system_fwd(perturbed, diff, pattern, idx, inv_sigma, tables, n_s, selected):
     del perturbed, selected
-    x, logdet, u, scale, start = _system(
-        diff, pattern, idx, inv_sigma, tables, n_s, keep_factor=True
-    )
-    return (x, logdet), (u, scale, x, start)
+    x, logdet, key = _system(diff, pattern, idx, inv_sigma, tables, n_s, keep_factor=True)
+    return (x, logdet), key
 
 
 @_sparse_system.def_bwd
 def _sparse_system_bwd(
     residuals, g, perturbed, diff, pattern, idx, inv_sigma, tables, n_s, selected
 ):
-    u, scale, x, start = residuals
-    w, values, reg, gram, _ = diff
+    key = residuals
+    w, _, reg, gram, _ = diff
     x_bar, l_bar = g
+    n = n_s + gram.shape[0]
     # (a symbolic-zero cotangent arrives as None)
-    x_bar = jnp.zeros_like(x) if x_bar is None else x_bar
-    l_bar = jnp.zeros((), x.dtype) if l_bar is None else l_bar
+    x_bar = jnp.zeros(n, w.dtype) if x_bar is None else x_bar
+    l_bar = jnp.zeros((), w.dtype) if l_bar is None else l_bar
     arrays = dict(zip(_DIFF, diff, strict=True))
-    need = tuple(key for key, p in zip(_DIFF, perturbed, strict=True) if p)
-    shapes = tuple(jax.ShapeDtypeStruct(arrays[key].shape, x.dtype) for key in need)
+    need = tuple(name for name, p in zip(_DIFF, perturbed, strict=True) if p)
+    shapes = tuple(jax.ShapeDtypeStruct(arrays[name].shape, w.dtype) for name in need)
     host = functools.partial(
         _system_bwd_host,
         o=gram.shape[0],
@@ -368,12 +405,9 @@ def _sparse_system_bwd(
         selected=selected,
         sparse_reg=reg.ndim == 1,
     )
-    args = (
-        *(u, scale, x, x_bar, l_bar, start),
-        *(idx, w, values, inv_sigma, *pattern, *table_arrays(tables)),
-    )
+    args = (key, x_bar, l_bar, *_system_args(diff, pattern, idx, inv_sigma, tables))
     got = jax.pure_callback(host, shapes, *args, vmap_method="sequential") if need else ()
-    return tuple(dict(zip(need, got, strict=True)).get(key) for key in _DIFF)
+    return tuple(dict(zip(need, got, strict=True)).get(name) for name in _DIFF)
 
 
 def sparse_system_solve(
