@@ -341,25 +341,48 @@ def backward_inverse(
             )
             if n_local == 0:
                 continue
-            fl = np.empty((n_local, n_local))
+            # (Fbar + Fbar^T)[S, S] = 2 l_bar S Z[S, S] S - b_bar x^T - x b_bar^T: Z[S, S]
+            # gathered from the upper triangle (one read per pair), the scales applied to
+            # C's rows, the rank-two part as two vectors
+            ct = block[:n_local]
+            g = np.empty((n_local, n_local))
+            cs = np.empty((n_local, t2))
             el = np.empty((n_local, m))
+            xc = np.zeros(t2)
+            bc = np.zeros(t2)
+            for a in range(n_local):
+                za = o + members[a]
+                zrow = z[za]
+                g[a, a] = zrow[za]
+                for b in range(a + 1, n_local):
+                    v = zrow[o + members[b]]
+                    g[a, b] = v
+                    g[b, a] = v
+                sa = scale[za]
+                xa = x[za]
+                ba = b_bar[za]
+                row = ct[a]
+                for s in range(t2):
+                    cs[a, s] = sa * row[s]
+                    xc[s] += xa * row[s]
+                    bc[s] += ba * row[s]
+                for q in range(m):
+                    el[a, q] = e_bar[members[a], q]
+            # dC (n_local x t2) = (Fbar + Fbar^T)[S, S] C + Ebar[S] V^T, each column times
+            # the tile's inverse noise
+            dc = np.dot(g, cs)
+            sig = block[n_s]
             for a in range(n_local):
                 za = o + members[a]
                 sa = 2.0 * l_bar * scale[za]
-                zrow = z[za]
-                ba = b_bar[za]
                 xa = x[za]
-                fl[a, a] = sa * zrow[za] * scale[za] - 2.0 * ba * xa
-                for b in range(a + 1, n_local):
-                    zb = o + members[b]
-                    v = sa * zrow[zb] * scale[zb] - ba * x[zb] - xa * b_bar[zb]
-                    fl[a, b] = v
-                    fl[b, a] = v
-                for q in range(m):
-                    el[a, q] = e_bar[members[a], q]
-            ct = block[:n_local]
-            # dC (n_local x t2) = (Fbar + Fbar^T)[S, S] C + Ebar[S] V^T
-            dc = np.dot(fl, ct) + np.dot(el, vt.T)
+                ba = b_bar[za]
+                row = dc[a]
+                for s in range(t2):
+                    v = sa * row[s] - ba * xc[s] - xa * bc[s]
+                    for q in range(m):
+                        v += el[a, q] * vt[s, q]
+                    row[s] = v * sig[s]
             # Vbar rows of this tile (each mask pixel is in exactly one tile)
             vb = np.dot(ct.T, el)
             for s in range(t2):
@@ -367,9 +390,6 @@ def backward_inverse(
                 if r >= 0:
                     for q in range(m):
                         v_bar[r, q] += vb[s, q]
-                sig = inv_sigma[r] if r >= 0 else 0.0
-                for a in range(n_local):
-                    dc[a, s] *= sig
             for j in range(input_ptr[t], input_ptr[t + 1]):
                 p = input_pixel[j]
                 column = psf[input_offset[j]]
