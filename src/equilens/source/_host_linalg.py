@@ -15,7 +15,8 @@ det, and a zero cotangent (callers mask the NaN evidence). LAPACK runs on at mos
 `sparse_system_solve` does the same for the sparse route's whole system (curvature matrix
 from the tile kernels, regularization, linear light) in one host call; its reverse-mode
 rule forms `a^-1` only on the factor's envelope (a selected inverse,
-`_sparse_kernels.envelope_inverse`), which holds every entry its cotangents read.
+`_sparse_kernels.envelope_inverse`), which holds every entry its cotangents read, from the
+factor that the forward call left on the host (`_FactorStore`; recomputed if missing).
 """
 
 import collections
@@ -426,9 +427,9 @@ def sparse_system_solve(
     columns), solves `a x = b` for `a = [[gram, E1^T], [E1, F + reg]]`, `b = [rhs, E0]`
     (`n = n_linear + n_source`) and returns `x` and `log det a` (NaN, with zero
     cotangents, when `a` is not positive definite). The `n x n` matrices never leave the
-    host, except the factor that the reverse-mode rule keeps (and `reg`'s cotangent, when
-    a dense `reg` is differentiated): two to six fewer `n^2` copies than `sparse_gram`
-    followed by `host_cholesky_solve`. Reverse-mode differentiable in `w`, `values`,
+    host (the factor waits there for the reverse pass), except a dense `reg` and its
+    cotangent: two to six fewer `n^2` copies than `sparse_gram` followed by
+    `host_cholesky_solve`. Reverse-mode differentiable in `w`, `values`,
     `reg` (a dense `reg`, or a `SparseSymmetric`'s values), `gram` and `rhs` (`reg` and
     `gram` symmetric; their upper triangles are read).
 
