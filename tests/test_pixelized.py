@@ -438,6 +438,23 @@ def test_regularization_entries_are_its_matrix(dataset, mesh):
         assert float(entries.quadratic(x)) == pytest.approx(float(x @ h @ x), rel=1e-6)
 
 
+class _Doubled(el.ConstantRegularization):
+    # a built-in with `matrix` overridden (and not `sparse_matrix`): its matrix is used
+    def matrix(self, geometry, signal):
+        h, logdet = super().matrix(geometry, signal)
+        return 2.0 * h, logdet + h.shape[0] * jnp.log(2.0)
+
+
+@pytest.mark.parametrize("route", ["dense", "sparse"])
+def test_overriding_only_the_dense_matrix_is_not_bypassed(dataset, route):
+    term = el.LogEvidence(dataset, route=route)
+    doubled = term(_system(_mesh("rect", dataset), _Doubled(1e-3), lens_light=False))
+    direct = term(_system(_mesh("rect", dataset), el.ConstantRegularization(2e-3), False))
+    single = term(_system(_mesh("rect", dataset), el.ConstantRegularization(1e-3), False))
+    assert float(doubled) == pytest.approx(float(direct), rel=1e-9 if X64 else 1e-4)
+    assert abs(float(doubled) - float(single)) > 1e-3 * abs(float(single))
+
+
 def test_sparse_symmetric_checks_its_entries():
     # (the test suite's jaxtyping hook sees the mismatch first: a TypeError)
     with pytest.raises((ValueError, TypeError), match=r"one shape|nnz"):

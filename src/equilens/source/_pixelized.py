@@ -100,9 +100,31 @@ class AbstractRegularization(eqx.Module):
     ) -> tuple[SparseSymmetric, Scalar] | None:
         """`H` (the same matrix as `matrix`'s) by its non-zero entries and `log det H`, or
         None when `H` has no sparse form (the default). Its pattern must depend on the
-        geometry's structure only (its shape or triangulation), never on parameters."""
+        geometry's structure only (its shape or triangulation), never on parameters. (A
+        subclass that overrides `matrix` but not `sparse_matrix` is inverted with its
+        `matrix`: see `regularization_matrix`.)"""
         del geometry, signal
         return None
+
+
+def _defined_in(cls: type, name: str) -> type:
+    return next(k for k in cls.__mro__ if name in vars(k))
+
+
+def regularization_matrix(
+    regularization: AbstractRegularization,
+    geometry: AbstractGeometry,
+    signal: Float[Array, " n"],
+) -> tuple[Float[Array, "n n"] | SparseSymmetric, Scalar]:
+    """The regularization's `H` (and `log det H`) as the inversion uses it: its
+    `sparse_matrix` when it has one that is at least as derived as its `matrix` (so that
+    a subclass overriding only `matrix` is not bypassed), else the dense `matrix`."""
+    cls = type(regularization)
+    if issubclass(_defined_in(cls, "sparse_matrix"), _defined_in(cls, "matrix")):
+        sparse = regularization.sparse_matrix(geometry, signal)
+        if sparse is not None:
+            return sparse
+    return regularization.matrix(geometry, signal)
 
 
 class PixelizedSource(AbstractLightProfile):

@@ -23,7 +23,7 @@ from ..source._inversion import (
     solve_system,
     w_tilde_table,
 )
-from ..source._pixelized import PixelizedSource, SparseSymmetric
+from ..source._pixelized import PixelizedSource, SparseSymmetric, regularization_matrix
 from ..source._sparse import SparseTables, numba_available, sparse_gram, sparse_tables
 from ._imaging import AbstractImagingTerm, _used_pixels
 
@@ -205,12 +205,9 @@ class LogEvidence(AbstractImagingTerm):
             signal = signal / jnp.maximum(jnp.max(signal), jnp.finfo(signal.dtype).tiny)
         else:
             signal = jnp.zeros(n_s, w.dtype)
-        sparse_reg = src.regularization.sparse_matrix(geometry, signal)
-        if sparse_reg is None:
-            reg, log_det_reg = src.regularization.matrix(geometry, signal)
-        else:
-            # (kept by entries: the dense H is formed only for the routes that add it in JAX)
-            reg, log_det_reg = sparse_reg
+        # (a SparseSymmetric H stays by entries: made dense only on the routes that add
+        # it in JAX)
+        reg, log_det_reg = regularization_matrix(src.regularization, geometry, signal)
 
         positive = jnp.arange(n_lin + n_s) >= n_lin if self.nonnegative else None
 
