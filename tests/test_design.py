@@ -19,8 +19,10 @@ ROOTS = [
     regularization.AbstractRegularization,
 ]
 
-# Concrete methods of abstract classes that a final class may replace by an analytic form.
-OVERRIDE_ALLOWLIST = {"hessian", "convergence"}
+# Concrete methods of abstract classes that a final class may replace by an analytic form
+# (hessian, convergence) or a sparse one (a regularization's H by its entries; the default
+# has none).
+OVERRIDE_ALLOWLIST = {"hessian", "convergence", "sparse_matrix"}
 
 
 def _all_subclasses(cls):
