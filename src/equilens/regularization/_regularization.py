@@ -15,10 +15,12 @@ from ..source._geometry import (
     AbstractGeometry,
     RectilinearGeometry,
     SparseRows,
+    SparseSymmetric,
+    gram_entries,
     rect_operator_matrix,
 )
 from ..source._inversion import inverse_from_factor, logdet_factor, logdet_psd
-from ..source._pixelized import AbstractRegularization, SparseSymmetric
+from ..source._pixelized import AbstractRegularization
 
 #: Ridge added to the (singular) difference operators: `H = lambda (G^T G + RIDGE I)`, so
 #: that `H` is positive definite and `log det H` finite (the mean level of the source is
@@ -39,22 +41,14 @@ def _rect_entries(ny: int, nx: int, order: int) -> tuple[np.ndarray, np.ndarray,
     return rows, cols, h0[rows, cols], float(value)
 
 
-def _gram_entries(
-    rows: SparseRows, n: int, weights: Float[Array, " r"], ridge: Float[Array, " n"]
-) -> SparseSymmetric:
-    """`G^T diag(weights) G + diag(ridge)` by entries, for difference rows `G` of two
-    entries each (`s_i - s_j` times a coefficient; padding rows have zero coefficients)."""
-    idx, coef = rows
-    i, j = idx[:, 0], idx[:, 1]
-    ci, cj = coef[:, 0] * coef[:, 0], coef[:, 1] * coef[:, 1]
-    nodes = jnp.arange(n, dtype=idx.dtype)
+def _with_ridge(h: SparseSymmetric, ridge: Float[Array, " n"]) -> SparseSymmetric:
+    """`h + diag(ridge)` by entries."""
+    nodes = jnp.arange(h.n, dtype=h.rows.dtype)
     return SparseSymmetric(
-        rows=jnp.concatenate([i, j, i, nodes]),
-        cols=jnp.concatenate([i, j, j, nodes]),
-        values=jnp.concatenate(
-            [weights * ci, weights * cj, weights * coef[:, 0] * coef[:, 1], ridge]
-        ),
-        n=n,
+        jnp.concatenate([h.rows, nodes]),
+        jnp.concatenate([h.cols, nodes]),
+        jnp.concatenate([h.values, ridge]),
+        h.n,
     )
 
 
@@ -75,8 +69,7 @@ def _scaled_entries(
     if order != 1:
         return None
     rows = geometry.gradient_rows()
-    unit = jnp.ones(rows[0].shape[0], dtype)
-    h0 = _gram_entries(rows, n, unit, jnp.full(n, RIDGE, dtype))
+    h0 = _with_ridge(gram_entries(rows, n), jnp.full(n, RIDGE, dtype))
     entries = SparseSymmetric(h0.rows, h0.cols, coefficient * h0.values, n)
     return entries, n * jnp.log(coefficient) + _topology_logdet(rows, n, order, dtype)
 
@@ -228,7 +221,7 @@ class AdaptiveBrightness(AbstractRegularization):
         rows = geometry.gradient_rows()
         idx = rows[0]
         edge_w = 0.5 * (w[idx[:, 0]] + w[idx[:, 1]])
-        return _gram_entries(rows, geometry.n_pixels, edge_w, RIDGE * w)
+        return _with_ridge(gram_entries(rows, geometry.n_pixels, edge_w), RIDGE * w)
 
     def matrix(
         self, geometry: AbstractGeometry, signal: Float[Array, " n"]

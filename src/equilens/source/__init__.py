@@ -8,6 +8,7 @@ Bayesian evidence. See docs/pixelized.md.
 from ._geometry import (
     AbstractGeometry as AbstractGeometry,
     RectilinearGeometry as RectilinearGeometry,
+    SparseSymmetric as SparseSymmetric,
     TriangulationGeometry as TriangulationGeometry,
 )
 from ._inversion import Inversion as Inversion, mapped_pixels as mapped_pixels
@@ -20,5 +21,4 @@ from ._mesh import (
 from ._pixelized import (
     AbstractRegularization as AbstractRegularization,
     PixelizedSource as PixelizedSource,
-    SparseSymmetric as SparseSymmetric,
 )

@@ -14,11 +14,63 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Bool, Float, Int
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, Scalar
+
+from .._custom_types import as_float
 
 #: Sparse rows of a linear operator on the source values: `rows @ s = sum_k coef[:, k] *
 #: s[idx[:, k]]`.
 SparseRows = tuple[Int[Array, "r k"], Float[Array, "r k"]]
+
+
+class SparseSymmetric(eqx.Module):
+    """A symmetric `n x n` matrix by its non-zero entries (coordinate form): entry `e`
+    puts `values[e]` at `(rows[e], cols[e])` and, off the diagonal, at `(cols[e],
+    rows[e])` too, so each pair of indices is listed once (in either order); repeated
+    entries add up. The pattern (`rows`, `cols`) is structure, never differentiated; the
+    `values` are. `n` is static."""
+
+    rows: Int[Array, " nnz"]
+    cols: Int[Array, " nnz"]
+    values: Float[Array, " nnz"]
+    n: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        rows: Int[Array | np.ndarray, " nnz"],
+        cols: Int[Array | np.ndarray, " nnz"],
+        values: Float[Array | np.ndarray, " nnz"],
+        n: int,
+    ):
+        self.rows = jax.lax.stop_gradient(jnp.asarray(rows))
+        self.cols = jax.lax.stop_gradient(jnp.asarray(cols))
+        self.values = as_float(values)
+        self.n = int(n)
+        if not (self.rows.shape == self.cols.shape == self.values.shape):
+            raise ValueError(
+                "SparseSymmetric's rows, cols and values must have one shape, got "
+                f"{self.rows.shape}, {self.cols.shape}, {self.values.shape}"
+            )
+
+    def _off_diagonal(self) -> Float[Array, " nnz"]:
+        return jnp.where(self.rows == self.cols, 0.0, self.values)
+
+    def todense(self) -> Float[Array, "n n"]:
+        """The dense `n x n` matrix."""
+        out = jnp.zeros((self.n, self.n), self.values.dtype)
+        out = out.at[self.rows, self.cols].add(self.values)
+        return out.at[self.cols, self.rows].add(self._off_diagonal())
+
+    def matvec(self, x: Float[Array, " n"]) -> Float[Array, " n"]:
+        """The product with a vector `x`."""
+        out = jnp.zeros(self.n, jnp.result_type(self.values, x))
+        out = out.at[self.rows].add(self.values * x[self.cols])
+        return out.at[self.cols].add(self._off_diagonal() * x[self.rows])
+
+    def quadratic(self, x: Float[Array, " n"]) -> Scalar:
+        """The quadratic form `x^T A x`."""
+        twice = jnp.where(self.rows == self.cols, 1.0, 2.0)
+        return jnp.sum(twice * self.values * x[self.rows] * x[self.cols])
 
 
 class AbstractGeometry(eqx.Module):
@@ -277,19 +329,20 @@ class TriangulationGeometry(AbstractGeometry):
 
     def curvature_matrix(self) -> Float[Array, "n n"]:
         # the graph Laplacian L = D - A of the triangulation; curvature = L^T L
-        lap = sparse_gram(self.gradient_rows(), self.n_pixels)
+        lap = gram_entries(self.gradient_rows(), self.n_pixels).todense()
         return lap.T @ lap
 
 
-def sparse_gram(
+def gram_entries(
     rows: SparseRows, n: int, weights: Float[Array, " r"] | None = None
-) -> Float[Array, "n n"]:
-    """`G^T diag(weights) G` (dense `n x n`) for sparse rows `G`."""
+) -> SparseSymmetric:
+    """`G^T diag(weights) G` (`n x n`) by its entries, for sparse rows `G`: each pair of a
+    row's entries once (a pair on one index counted twice, as the product does)."""
     idx, coef = rows
+    a, b = np.triu_indices(idx.shape[1])
+    ia, ib = idx[:, a], idx[:, b]
+    twice = jnp.where((ia == ib) & (a < b)[None, :], 2.0, 1.0)
+    v = coef[:, a] * coef[:, b] * twice
     if weights is not None:
-        coef = coef * jnp.sqrt(weights)[:, None]
-    k = idx.shape[1]
-    a = jnp.repeat(idx, k, axis=1).reshape(-1)
-    b = jnp.tile(idx, (1, k)).reshape(-1)
-    v = (coef[:, :, None] * coef[:, None, :]).reshape(-1)
-    return jnp.zeros((n, n), coef.dtype).at[a, b].add(v)
+        v = v * weights[:, None]
+    return SparseSymmetric(ia.reshape(-1), ib.reshape(-1), v.reshape(-1), n)

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, Scalar
 
-from ._pixelized import SparseSymmetric
+from ._geometry import SparseSymmetric
 from ._sparse import (
     LAPACK_THREADS,
     SparseTables,
@@ -226,7 +226,7 @@ def _system_solved(idx, w, values, inv_sigma, rows, cols, reg, gram, rhs, *table
 
 def _system_host(*args, n_s: int, keep_factor: bool):
     # x (in the caller's order [linear, source]) and log det a; with `keep_factor`, also
-    # the key under which the factor waits on the host for the reverse pass
+    # the token under which the factor waits on the host for the reverse pass
     solved = _system_solved(*args, n_s=n_s)
     x, logdet, u = solved[:3]
     dtype = args[1].dtype
@@ -239,7 +239,7 @@ def _system_host(*args, n_s: int, keep_factor: bool):
 class _FactorStore:
     """The factors of the sparse route's forward calls, kept on the host for their reverse
     pass (the `n x n` factor would otherwise go to JAX and back: two copies of 8 MiB at
-    n = 1,024, and rounded to float32 in a float32 program), under a key that the forward
+    n = 1,024, and rounded to float32 in a float32 program), under a token that the forward
     call returns. A reverse pass takes its factor out; one that finds none (dropped to
     stay within `max_bytes`, or taken by another pass of the same call) recomputes it
     from the operands, so the store never changes a result."""
@@ -255,18 +255,18 @@ class _FactorStore:
         size = 0 if factor is None else factor.nbytes
         with self._lock:
             self._next = self._next % (2**31 - 1) + 1
-            key = self._next
-            self._items[key] = item
-            self._bytes[key] = size
+            token = self._next
+            self._items[token] = item
+            self._bytes[token] = size
             while sum(self._bytes.values()) > self.max_bytes and len(self._items) > 1:
                 old, _ = self._items.popitem(last=False)
                 del self._bytes[old]
-            return key
+            return token
 
-    def take(self, key: int) -> tuple | None:
+    def take(self, token: int) -> tuple | None:
         with self._lock:
-            self._bytes.pop(key, None)
-            return self._items.pop(key, None)
+            self._bytes.pop(token, None)
+            return self._items.pop(token, None)
 
 
 #: At most this much memory of factors waits on the host between the forward and reverse
@@ -304,20 +304,20 @@ def _leading_block_singular(gram: np.ndarray) -> bool:
 _DIFF: tuple[str, ...] = ("w", "values", "reg", "gram", "rhs")
 
 
-def _system_bwd_host(key, x_bar, l_bar, *args, o, need, selected, sparse_reg):
+def _system_bwd_host(token, x_bar, l_bar, *args, o, need, selected, sparse_reg):
     # the cotangents of the operands named in `need` (`args`: those of `_system_solved`)
     idx, w, values, inv_sigma, rows, cols = args[:6]
     tables = args[9:]
     dtype = w.dtype
     n_s = x_bar.shape[0] - o
-    solved = _FACTORS.take(int(key))
+    solved = _FACTORS.take(int(token))
     if solved is None:
         solved = _system_solved(*args, n_s=n_s)
     x, _, u, scale, start = solved
     if u is None:
         reg_shape = rows.shape if sparse_reg else (n_s, n_s)
         shapes = {"w": w.shape, "values": values.shape, "reg": reg_shape, "gram": (o, o)}
-        return tuple(np.zeros(shapes.get(key, (o,)), dtype) for key in need)  # rhs: (o,)
+        return tuple(np.zeros(shapes.get(name, (o,)), dtype) for name in need)  # rhs: (o,)
     from ._sparse_kernels import entries_cotangent, inverse_cotangent
 
     x_bar = _rotate(np.asarray(x_bar, np.float64), o)
@@ -352,7 +352,7 @@ def _system_bwd_host(key, x_bar, l_bar, *args, o, need, selected, sparse_reg):
             out["reg"] = inverse_cotangent(z, scale, b_bar, x, l_bar, 0, n_s)
     if "gram" in need:
         out["gram"] = inverse_cotangent(z, scale, b_bar, x, l_bar, n_s, o)
-    return tuple(out[key].astype(dtype, copy=False) for key in need)
+    return tuple(out[name].astype(dtype, copy=False) for name in need)
 
 
 def _system_args(diff, pattern, idx, inv_sigma, tables) -> tuple:
@@ -381,15 +381,15 @@ def _sparse_system(diff, pattern, idx, inv_sigma, tables, n_s, selected):
 @_sparse_system.def_fwd
 def _sparse_system_fwd(perturbed, diff, pattern, idx, inv_sigma, tables, n_s, selected):
     del perturbed, selected
-    x, logdet, key = _system(diff, pattern, idx, inv_sigma, tables, n_s, keep_factor=True)
-    return (x, logdet), key
+    x, logdet, token = _system(diff, pattern, idx, inv_sigma, tables, n_s, keep_factor=True)
+    return (x, logdet), token
 
 
 @_sparse_system.def_bwd
 def _sparse_system_bwd(
     residuals, g, perturbed, diff, pattern, idx, inv_sigma, tables, n_s, selected
 ):
-    key = residuals
+    token = residuals
     w, _, reg, gram, _ = diff
     x_bar, l_bar = g
     n = n_s + gram.shape[0]
@@ -406,7 +406,7 @@ def _sparse_system_bwd(
         selected=selected,
         sparse_reg=reg.ndim == 1,
     )
-    args = (key, x_bar, l_bar, *_system_args(diff, pattern, idx, inv_sigma, tables))
+    args = (token, x_bar, l_bar, *_system_args(diff, pattern, idx, inv_sigma, tables))
     got = jax.pure_callback(host, shapes, *args, vmap_method="sequential") if need else ()
     return tuple(dict(zip(need, got, strict=True)).get(name) for name in _DIFF)
 

@@ -4,65 +4,13 @@ import abc
 from typing import ClassVar
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
-import numpy as np
-from jaxtyping import Array, Float, Int, Scalar
+from jaxtyping import Array, Float, Scalar
 
 from .._custom_types import GridArray, as_float
 from ..light import AbstractLightProfile
-from ._geometry import AbstractGeometry
+from ._geometry import AbstractGeometry, SparseSymmetric
 from ._mesh import AbstractMesh
-
-
-class SparseSymmetric(eqx.Module):
-    """A symmetric `n x n` matrix by its non-zero entries (coordinate form): entry `e`
-    puts `values[e]` at `(rows[e], cols[e])` and, off the diagonal, at `(cols[e],
-    rows[e])` too, so each pair of indices is listed once (in either order); repeated
-    entries add up. The pattern (`rows`, `cols`) is structure, never differentiated; the
-    `values` are. `n` is static."""
-
-    rows: Int[Array, " nnz"]
-    cols: Int[Array, " nnz"]
-    values: Float[Array, " nnz"]
-    n: int = eqx.field(static=True)
-
-    def __init__(
-        self,
-        rows: Int[Array | np.ndarray, " nnz"],
-        cols: Int[Array | np.ndarray, " nnz"],
-        values: Float[Array | np.ndarray, " nnz"],
-        n: int,
-    ):
-        self.rows = jax.lax.stop_gradient(jnp.asarray(rows))
-        self.cols = jax.lax.stop_gradient(jnp.asarray(cols))
-        self.values = as_float(values)
-        self.n = int(n)
-        if not (self.rows.shape == self.cols.shape == self.values.shape):
-            raise ValueError(
-                "SparseSymmetric's rows, cols and values must have one shape, got "
-                f"{self.rows.shape}, {self.cols.shape}, {self.values.shape}"
-            )
-
-    def _off_diagonal(self) -> Float[Array, " nnz"]:
-        return jnp.where(self.rows == self.cols, 0.0, self.values)
-
-    def todense(self) -> Float[Array, "n n"]:
-        """The dense `n x n` matrix."""
-        out = jnp.zeros((self.n, self.n), self.values.dtype)
-        out = out.at[self.rows, self.cols].add(self.values)
-        return out.at[self.cols, self.rows].add(self._off_diagonal())
-
-    def matvec(self, x: Float[Array, " n"]) -> Float[Array, " n"]:
-        """The product with a vector `x`."""
-        out = jnp.zeros(self.n, jnp.result_type(self.values, x))
-        out = out.at[self.rows].add(self.values * x[self.cols])
-        return out.at[self.cols].add(self._off_diagonal() * x[self.rows])
-
-    def quadratic(self, x: Float[Array, " n"]) -> Scalar:
-        """The quadratic form `x^T A x`."""
-        twice = jnp.where(self.rows == self.cols, 1.0, 2.0)
-        return jnp.sum(twice * self.values * x[self.rows] * x[self.cols])
 
 
 class AbstractRegularization(eqx.Module):

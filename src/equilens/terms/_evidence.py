@@ -10,6 +10,7 @@ from .._autodiff import reverse_mode_scalar
 from .._lens_system import LensSystem
 from ..data import Imaging
 from ..psf import FFTConvolution
+from ..source._geometry import SparseSymmetric
 from ..source._host_linalg import sparse_system_solve
 from ..source._inversion import (
     Inversion,
@@ -23,7 +24,7 @@ from ..source._inversion import (
     solve_system,
     w_tilde_table,
 )
-from ..source._pixelized import PixelizedSource, SparseSymmetric, regularization_matrix
+from ..source._pixelized import PixelizedSource, regularization_matrix
 from ..source._sparse import SparseTables, numba_available, sparse_gram, sparse_tables
 from ._imaging import AbstractImagingTerm, _used_pixels
 
