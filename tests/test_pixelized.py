@@ -859,6 +859,7 @@ def _random_tile_inputs(n_s=60, shape=(30, 26), k=4, m=2):
             tables.input_pixel,
             tables.input_offset,
             tables.psf_columns,
+            tables.psf_span,
         )
     ]
     return n_s, arrays
@@ -882,6 +883,7 @@ def test_sparse_kernels_give_the_same_sums_in_any_number_of_chunks(monkeypatch, 
     small = (arrays[0] % (n_s - 9), *arrays[1:])
     f_small, _ = kernels.forward(3, n_s - 9, *small)
     assert f_small.shape == (n_s - 9, n_s - 9)
+
     assert rel_err(f_small, kernels.forward(1, n_s - 9, *small)[0]) < 1e-13
     f, _ = kernels.forward(3, n_s, *arrays)
     assert rel_err(f, f1) < 1e-13
@@ -893,6 +895,35 @@ def test_sparse_kernels_give_the_same_sums_in_any_number_of_chunks(monkeypatch, 
         wn, vn = kernels.backward(n, *arrays[:4], f_bar, e_bar, *arrays[4:])
         assert rel_err(wn, w1) < 1e-13
         assert rel_err(vn, v1) < 1e-13
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_sparse_reverse_pass_from_kept_blocks_matches_rebuilding_them(n_threads):
+    # the forward kernel may keep its tile blocks for the reverse pass: the same F, E and
+    # structure, and the backward kernel gives the same cotangents from them as from
+    # blocks it builds again
+    from equilens.source._sparse import _kernels
+
+    kernels = _kernels()
+    n_s, arrays = _random_tile_inputs()
+    idx, w, values, inv_sigma, *tables = arrays
+    f0, f1 = np.empty((n_s, n_s)), np.empty((n_s, n_s))
+    e0, first0, none = kernels.forward_into(n_threads, f0, 0, n_s, *arrays)
+    e1, first1, kept = kernels.forward_into(n_threads, f1, 0, n_s, *arrays, keep=True)
+    assert all(b.shape[0] == 0 for b in none)
+    ptr, members, rows = kept
+    assert ptr.shape == (tables[0].shape[0] + 1,) and rows.shape == (ptr[-1], 16)
+    assert rel_err(np.triu(f1), np.triu(f0)) < 1e-14 and rel_err(e1, e0) < 1e-14
+    assert np.array_equal(first0, first1)
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=(n_s, n_s))
+    scale, b_bar, x = rng.uniform(0.5, 2.0, n_s), rng.normal(size=n_s), rng.normal(size=n_s)
+    e_bar = rng.normal(size=e0.shape)
+    args = (z, scale, b_bar, x, 0.7, 0, n_s, idx, w, values, inv_sigma, e_bar)
+    w_kept, v_kept = kernels.backward_inverse(n_threads, *args, *kept, *tables)
+    w_new, v_new = kernels.backward_inverse(n_threads, *args, *none, *tables)
+    assert rel_err(w_kept, w_new) < 1e-13 and rel_err(v_kept, v_new) < 1e-13
+    assert np.count_nonzero(w_kept) > w_kept.size // 2
 
 
 @pytest.mark.x64_only
@@ -1004,7 +1035,7 @@ def test_factor_store_keeps_the_newest_within_its_memory():
 
     store = _FactorStore(max_bytes=3 * 800)
     factors = [np.full((10, 10), float(i)) for i in range(5)]
-    keys = [store.keep(("solved", i), f) for i, f in enumerate(factors)]
+    keys = [store.keep(("solved", i), f.nbytes) for i, f in enumerate(factors)]
     assert len(set(keys)) == 5
     assert [store.take(k) for k in keys] == [
         None,
@@ -1015,7 +1046,7 @@ def test_factor_store_keeps_the_newest_within_its_memory():
     ]
     assert store.take(keys[4]) is None
     # one factor larger than the budget is still kept (until the next arrives)
-    big = store.keep(("big",), np.zeros((20, 20)))
+    big = store.keep(("big",), np.zeros((20, 20)).nbytes)
     assert store.take(big) == ("big",)
 
 
@@ -1031,12 +1062,12 @@ def test_sparse_kernels_run_with_single_threaded_blas(dataset, monkeypatch):
     def spy(name):
         kernel = getattr(kernels, name)
 
-        def wrapped(*args):
+        def wrapped(*args, **kwargs):
             info = threadpoolctl.threadpool_info()
             seen.setdefault(name, []).extend(
                 i["num_threads"] for i in info if i["user_api"] == "blas"
             )
-            return kernel(*args)
+            return kernel(*args, **kwargs)
 
         return wrapped
 

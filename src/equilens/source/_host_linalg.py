@@ -16,7 +16,8 @@ det, and a zero cotangent (callers mask the NaN evidence). LAPACK runs on at mos
 from the tile kernels, regularization, linear light) in one host call; its reverse-mode
 rule forms `a^-1` only on the factor's envelope (a selected inverse,
 `_sparse_kernels.envelope_inverse`), which holds every entry its cotangents read, from the
-factor that the forward call left on the host (`_FactorStore`; recomputed if missing).
+factor that the forward call left on the host with its tile blocks of `C` (`_FactorStore`;
+recomputed if missing).
 """
 
 import collections
@@ -186,20 +187,25 @@ def _rotate(v, k: int):
     return np.concatenate([v[k:], v[:k]])
 
 
-def _system_solved(idx, w, values, inv_sigma, rows, cols, reg, gram, rhs, *tables, n_s: int):
+def _system_solved(
+    idx, w, values, inv_sigma, rows, cols, reg, gram, rhs, *tables, n_s: int, keep: bool
+):
     # a = [[F + reg, E1], [E1^T, gram]] (only its upper triangle is formed; F's in place),
     # b = [E0, rhs], with [E0, E1] = E, solved: x (in this order), log det a, the factor
-    # (None when a is not positive definite), its scale and the selected inverse's
-    # envelope, all float64. The linear-light rows come last, so that their dense rows do
-    # not widen the envelope of the source's. `reg` is dense (n_s x n_s) or the values of
-    # the entries at (rows, cols) (`SparseSymmetric`).
+    # (None when a is not positive definite), its scale, the selected inverse's envelope,
+    # all float64, and the tile blocks of C (kept with `keep`, for the reverse pass: see
+    # `_sparse_kernels.forward_into`). The linear-light rows come last, so that their
+    # dense rows do not widen the envelope of the source's. `reg` is dense (n_s x n_s) or
+    # the values of the entries at (rows, cols) (`SparseSymmetric`).
     o = gram.shape[0]
     n = n_s + o
     idx, w, values, inv_sigma, rows, cols, reg, gram, rhs, *tables = host64(
         idx, w, values, inv_sigma, rows, cols, reg, gram, rhs, *tables
     )
     a = np.empty((n, n))
-    e, first = run_kernel("forward_into", a, 0, n_s, idx, w, values, inv_sigma, *tables)
+    e, first, blocks = run_kernel(
+        "forward_into", a, 0, n_s, idx, w, values, inv_sigma, *tables, keep=keep
+    )
     from ._sparse_kernels import add_entries, add_upper
 
     # the factor's envelope: the non-zeros of F + reg (and the entries of a sparse reg,
@@ -221,28 +227,31 @@ def _system_solved(idx, w, values, inv_sigma, rows, cols, reg, gram, rhs, *table
     # pair of source pixels that share a tile: the entries the backward kernel reads, some
     # of which can be zero in F)
     start = np.minimum(start, np.concatenate([first, np.zeros(o, np.int64)]))
-    return x, logdet, u, scale, start
+    return x, logdet, u, scale, start, blocks
 
 
 def _system_host(*args, n_s: int, keep_factor: bool):
     # x (in the caller's order [linear, source]) and log det a; with `keep_factor`, also
     # the token under which the factor waits on the host for the reverse pass
-    solved = _system_solved(*args, n_s=n_s)
+    solved = _system_solved(*args, n_s=n_s, keep=keep_factor)
     x, logdet, u = solved[:3]
     dtype = args[1].dtype
     out = (_rotate(x, n_s).astype(dtype), np.asarray(logdet, dtype))
     if not keep_factor:
         return out
-    return (*out, np.asarray(_FACTORS.keep(solved, u), np.int32))
+    size = solved[-1][2].nbytes + (0 if u is None else u.nbytes)
+    return (*out, np.asarray(_FACTORS.keep(solved, size), np.int32))
 
 
 class _FactorStore:
-    """The factors of the sparse route's forward calls, kept on the host for their reverse
-    pass (the `n x n` factor would otherwise go to JAX and back: two copies of 8 MiB at
-    n = 1,024, and rounded to float32 in a float32 program), under a token that the forward
-    call returns. A reverse pass takes its factor out; one that finds none (dropped to
-    stay within `max_bytes`, or taken by another pass of the same call) recomputes it
-    from the operands, so the store never changes a result."""
+    """What the sparse route's forward calls leave on the host for their reverse pass:
+    the factor (which would otherwise go to JAX and back: two copies of 8 MiB at
+    n = 1,024, and rounded to float32 in a float32 program) and the tile blocks of `C`
+    (which the reverse pass would otherwise build again), under a token that the forward
+    call returns; `size` is what an item holds in bytes. A reverse pass takes its item
+    out; one that finds none (dropped to stay within `max_bytes`, or taken by another
+    pass of the same call) recomputes it from the operands, so the store never changes a
+    result."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
@@ -251,8 +260,7 @@ class _FactorStore:
         self._next = 0
         self._lock = threading.Lock()
 
-    def keep(self, item: tuple, factor: np.ndarray | None) -> int:
-        size = 0 if factor is None else factor.nbytes
+    def keep(self, item: tuple, size: int) -> int:
         with self._lock:
             self._next = self._next % (2**31 - 1) + 1
             token = self._next
@@ -269,8 +277,9 @@ class _FactorStore:
             return self._items.pop(token, None)
 
 
-#: At most this much memory of factors waits on the host between the forward and reverse
-#: passes of the sparse route (more are recomputed in the reverse pass).
+#: At most this much memory of factors and tile blocks waits on the host between the
+#: forward and reverse passes of the sparse route (more are recomputed in the reverse
+#: pass).
 FACTOR_STORE_BYTES = 512 * 2**20
 _FACTORS = _FactorStore(FACTOR_STORE_BYTES)
 
@@ -312,8 +321,8 @@ def _system_bwd_host(token, x_bar, l_bar, *args, o, need, selected, sparse_reg):
     n_s = x_bar.shape[0] - o
     solved = _FACTORS.take(int(token))
     if solved is None:
-        solved = _system_solved(*args, n_s=n_s)
-    x, _, u, scale, start = solved
+        solved = _system_solved(*args, n_s=n_s, keep=True)
+    x, _, u, scale, start, blocks = solved
     if u is None:
         reg_shape = rows.shape if sparse_reg else (n_s, n_s)
         shapes = {"w": w.shape, "values": values.shape, "reg": reg_shape, "gram": (o, o)}
@@ -342,7 +351,18 @@ def _system_bwd_host(token, x_bar, l_bar, *args, o, need, selected, sparse_reg):
         )
         host = host64(idx, w, values, inv_sigma, *tables)
         out["w"], out["values"] = run_kernel(
-            "backward_inverse", z, scale, b_bar, x, l_bar, 0, n_s, *host[:4], e_bar, *host[4:]
+            "backward_inverse",
+            z,
+            scale,
+            b_bar,
+            x,
+            l_bar,
+            0,
+            n_s,
+            *host[:4],
+            e_bar,
+            *blocks,
+            *host[4:],
         )
     if "reg" in need:
         if sparse_reg:

@@ -48,13 +48,15 @@ class SparseTables(eqx.Module):
     pixel (row of `C`, index into the mask pixels; -1 for none) at each of its `T^2`
     positions, and the mapped pixels (rows of the interpolation arrays) that light it with
     the index of their offset in `psf_columns` (`(n_offsets, T^2)`: the PSF weight of a
-    mapped pixel at that offset from the tile's corner on each tile position)."""
+    mapped pixel at that offset from the tile's corner on each tile position), with the
+    span `[first, last + 1)` of each column's non-zero positions (`psf_span`)."""
 
     tile_rows: Int[Array, "n_tiles t2"]
     input_ptr: Int[Array, " n_tiles_plus_1"]
     input_pixel: Int[Array, " n_inputs"]
     input_offset: Int[Array, " n_inputs"]
     psf_columns: Float[Array, "n_offsets t2"]
+    psf_span: Int[Array, "n_offsets 2"]
 
 
 def sparse_tables(
@@ -85,6 +87,10 @@ def sparse_tables(
     compact = np.full(wy * wx, -1, dtype=np.int64)
     compact[used] = np.arange(int(used.sum()))
     psf = psf[used]
+    nonzero = psf != 0.0
+    span = np.stack(
+        [np.argmax(nonzero, axis=1), tile * tile - np.argmax(nonzero[:, ::-1], axis=1)], axis=1
+    )
 
     row_of = np.full(ny * nx, -1, dtype=np.int64)
     row_of[pixels] = np.arange(pixels.shape[0])
@@ -117,6 +123,7 @@ def sparse_tables(
         input_pixel=jnp.asarray(np.concatenate(pix)),
         input_offset=jnp.asarray(np.concatenate(off)),
         psf_columns=jnp.asarray(psf),
+        psf_span=jnp.asarray(span.astype(np.int64)),
     )
 
 
@@ -187,13 +194,13 @@ def host64(*arrays) -> list[np.ndarray]:
     ]
 
 
-def run_kernel(name: str, *args):
-    """`kernel(n_threads, *args)` of `_sparse_kernels`, one call at a time, with BLAS
+def run_kernel(name: str, *args, **kwargs):
+    """`kernel(n_threads, *args, **kwargs)` of `_sparse_kernels`, one call at a time, with BLAS
     single-threaded: the kernels call BLAS on small blocks from each of Numba's threads,
     and BLAS's own threads would oversubscribe the cores (measured 2-4x slower at 2 to 16
     threads)."""
     with _LOCK, blas_threads(1):
-        return getattr(_kernels(), name)(_threads(), *args)
+        return getattr(_kernels(), name)(_threads(), *args, **kwargs)
 
 
 def table_arrays(tables: SparseTables) -> tuple:
@@ -204,6 +211,7 @@ def table_arrays(tables: SparseTables) -> tuple:
         tables.input_pixel,
         tables.input_offset,
         tables.psf_columns,
+        tables.psf_span,
     )
 
 

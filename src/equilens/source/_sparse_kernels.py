@@ -39,11 +39,12 @@ _REASSOC = {"reassoc", "contract"}
 
 @numba.njit(cache=True, nogil=True)
 @no_type_check
-def syrk_lower(syrk, ct, g):
-    # g (n x n, C order): its lower triangle <- ct ct^T (ct: n x k, C order), by BLAS syrk
-    # on the Fortran-order views (ct^T: k x n; g^T's upper triangle is g's lower)
+def syrk_upper(syrk, ct, g):
+    # g (n x n, C order): its upper triangle <- ct ct^T (ct: n x k, C order), by BLAS syrk
+    # on the Fortran-order views (ct^T: k x n; g^T's lower triangle is g's upper, so that
+    # the scatter into F reads g's rows along memory)
     n, k = ct.shape
-    uplo = np.array([ord("U")], np.uint8)
+    uplo = np.array([ord("L")], np.uint8)
     trans = np.array([ord("T")], np.uint8)
     nn = np.array([n], np.int32)
     kk = np.array([k], np.int32)
@@ -65,34 +66,16 @@ def syrk_lower(syrk, ct, g):
     )
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_REASSOC)
+@numba.njit(cache=True, nogil=True)
 @no_type_check
-def build_block(
-    t,
-    idx,
-    w,
-    tile_rows,
-    input_ptr,
-    input_pixel,
-    input_offset,
-    psf,
-    inv_sigma,
-    values,
-    local,
-    members,
-    block,
-    vt,
-):
-    # C[tile, S] into block[:n_local] (members: the source pixels of S, ascending, so that
-    # the scatters into F walk its rows in order; block[n_s]: the tile's inverse noise) and
-    # the tile's rows of `values` into vt (zero where a tile position is not a mask pixel)
-    t2 = tile_rows.shape[1]
+def tile_members(t, idx, input_ptr, input_pixel, local, members):
+    # S, the source pixels that tile t's inputs map to, ascending (so that the scatters
+    # into F walk its rows in order), into members[:n_local]; local[a] <- a's position in
+    # S (callers set it back to -1)
     k = idx.shape[1]
     n_s = local.shape[0]
-    j0 = input_ptr[t]
-    j1 = input_ptr[t + 1]
     n_local = 0
-    for j in range(j0, j1):
+    for j in range(input_ptr[t], input_ptr[t + 1]):
         p = input_pixel[j]
         for i in range(k):
             a = idx[p, i]
@@ -103,31 +86,51 @@ def build_block(
     members[:n_local].sort()
     for r in range(n_local):
         local[members[r]] = r
-        block[r, :] = 0.0
-    for j in range(j0, j1):
-        p = input_pixel[j]
-        column = psf[input_offset[j]]
-        for i in range(k):
-            a = idx[p, i]
-            if a < 0 or a >= n_s:
-                continue
-            row = block[local[a]]
-            wt = w[p, i]
-            for s in range(t2):
-                row[s] += wt * column[s]
-    sig = block[n_s]
-    for s in range(t2):
+    return n_local
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
+def tile_noise(t, tile_rows, inv_sigma, values, sig, vt):
+    # the tile's inverse noise into sig and its rows of `values` into vt (zero where a
+    # tile position is not a mask pixel)
+    for s in range(tile_rows.shape[1]):
         r = tile_rows[t, s]
         sig[s] = inv_sigma[r] if r >= 0 else 0.0
         for q in range(values.shape[1]):
             vt[s, q] = values[r, q] if r >= 0 else 0.0
-    # rows of C = W^(1/2) B M: each block row times the tile's inverse noise (row-wise, so
-    # that the scaling runs along memory)
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_REASSOC)
+@no_type_check
+def fill_block(t, idx, w, input_ptr, input_pixel, input_offset, psf, psf_span, local, sig, block):
+    # C[tile, S] into block[:n_local] (rows in the order of `local`; block's other rows
+    # untouched): one axpy of each input's PSF column per interpolation weight, over the
+    # span of tile positions where that column is non-zero, then each row times the
+    # tile's inverse noise (row-wise, so that the scaling runs along memory)
+    k = idx.shape[1]
+    n_s = local.shape[0]
+    n_local = block.shape[0]
+    for r in range(n_local):
+        block[r, :] = 0.0
+    for j in range(input_ptr[t], input_ptr[t + 1]):
+        p = input_pixel[j]
+        o = input_offset[j]
+        column = psf[o, psf_span[o, 0] : psf_span[o, 1]]
+        lo = psf_span[o, 0]
+        hi = psf_span[o, 1]
+        for i in range(k):
+            a = idx[p, i]
+            if a < 0 or a >= n_s:
+                continue
+            row = block[local[a], lo:hi]
+            wt = w[p, i]
+            for s in range(row.shape[0]):
+                row[s] += wt * column[s]
     for a in range(n_local):
         row = block[a]
-        for s in range(t2):
+        for s in range(row.shape[0]):
             row[s] *= sig[s]
-    return n_local
 
 
 #: Block rows of `envelope_cholesky` (96 measured fastest on one core, 32 to 192 tried).
@@ -152,20 +155,48 @@ def _accumulators(n: int, n_s: int) -> np.ndarray:
 def forward(n_threads, n_s, *arrays):
     """`F = C^T C` and `E = C^T V` (see `equilens.source._sparse`)."""
     out = np.empty((n_s, n_s))
-    e, _ = forward_into(n_threads, out, 0, n_s, *arrays)
+    e, _, _ = forward_into(n_threads, out, 0, n_s, *arrays)
     mirror_upper(out)
     return out, e
 
 
-def forward_into(n_threads, out, o, n_s, *arrays):
+def forward_into(n_threads, out, o, n_s, *arrays, keep=False):
     """The upper triangle of `F` (`n_s x n_s`) into `out[o:o + n_s, o:o + n_s]` (`out`
-    square, C order; nothing else of it is written), `E`, and `F`'s structure: for each
-    source pixel `j`, the smallest source pixel that shares a tile with it (`F[i, j]` is
-    structurally zero above that row; an entry can still be zero inside it)."""
+    square, C order; nothing else of it is written), `E`, `F`'s structure (for each
+    source pixel `j`, the smallest source pixel that shares a tile with it: `F[i, j]` is
+    structurally zero above that row; an entry can still be zero inside it) and, with
+    `keep`, the tile blocks for the reverse pass (`backward_inverse`): `(ptr, members,
+    rows)`, tile `t`'s block `C[tile, S]` in `rows[ptr[t]:ptr[t + 1]]` and its source
+    pixels `S` in `members[ptr[t]:ptr[t + 1]]` (without, three empty arrays)."""
     n_tiles = arrays[4].shape[0]
     n_chunks = max(1, min(n_threads, n_tiles, 1 + ACCUMULATOR_BYTES // (8 * n_s * n_s)))
     parts = _accumulators(n_chunks - 1, n_s)
-    return _forward(n_chunks, _SYRK, parts, out, o, n_s, *arrays)
+    e, first, *blocks = _forward(n_chunks, _SYRK, parts, out, o, n_s, keep, *arrays)
+    return e, first, tuple(blocks)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+@no_type_check
+def _tile_sets(n_chunks, n_s, idx, input_ptr, input_pixel):
+    # every tile's S: tile t's source pixels in found[bound[t]:bound[t] + count[t]]
+    # (bound: at most min(n_s, k * inputs) each)
+    n_tiles = input_ptr.shape[0] - 1
+    k = idx.shape[1]
+    bound = np.empty(n_tiles + 1, np.int64)
+    bound[0] = 0
+    for t in range(n_tiles):
+        bound[t + 1] = bound[t] + min(n_s, k * (input_ptr[t + 1] - input_ptr[t]))
+    found = np.empty(bound[n_tiles], np.int64)
+    count = np.empty(n_tiles, np.int64)
+    for c in numba.prange(n_chunks):
+        local = np.full(n_s, -1, dtype=np.int64)
+        for t in range(c * n_tiles // n_chunks, (c + 1) * n_tiles // n_chunks):
+            members = found[bound[t] : bound[t + 1]]
+            n_local = tile_members(t, idx, input_ptr, input_pixel, local, members)
+            count[t] = n_local
+            for r in range(n_local):
+                local[members[r]] = -1
+    return bound, found, count
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -177,6 +208,7 @@ def _forward(
     out,
     o,
     n_s,
+    keep,
     idx,
     w,
     values,
@@ -186,11 +218,21 @@ def _forward(
     input_pixel,
     input_offset,
     psf,
+    psf_span,
 ):
     # tiles in n_chunks chunks, one per thread, each accumulating the upper triangle of F
-    # (chunk 0 into out[o:, o:], the others into `parts`), summed in parallel at the end
+    # (chunk 0 into out[o:, o:], the others into `parts`), summed in parallel at the end;
+    # the tiles' S first (so that kept blocks can be laid out one after another)
     n_tiles, t2 = tile_rows.shape
     m = values.shape[1]
+    bound, found, count = _tile_sets(n_chunks, n_s, idx, input_ptr, input_pixel)
+    ptr = np.zeros(n_tiles + 1 if keep else 0, np.int64)
+    if keep:
+        for t in range(n_tiles):
+            ptr[t + 1] = ptr[t] + count[t]
+    n_kept = ptr[n_tiles] if keep else 0
+    kept = np.empty((n_kept, t2))
+    kept_members = np.empty(n_kept, np.int64)
     e_parts = np.zeros((n_chunks, n_s, m))
     first_parts = np.empty((n_chunks, n_s), np.int64)
     for c in numba.prange(n_chunks):
@@ -199,41 +241,38 @@ def _forward(
         for i in range(d, d + n_s):
             f[i, i : d + n_s] = 0.0
         local = np.full(n_s, -1, dtype=np.int64)
-        members = np.empty(n_s, dtype=np.int64)
-        block = np.empty((n_s + 1, t2))
+        scratch = np.empty((0 if keep else n_s, t2))
+        sig = np.empty(t2)
         vt = np.empty((t2, m))
         e = e_parts[c]
         first = first_parts[c]
         for j in range(n_s):
             first[j] = j
         for t in range(c * n_tiles // n_chunks, (c + 1) * n_tiles // n_chunks):
-            n_local = build_block(
-                t,
-                idx,
-                w,
-                tile_rows,
-                input_ptr,
-                input_pixel,
-                input_offset,
-                psf,
-                inv_sigma,
-                values,
-                local,
-                members,
-                block,
-                vt,
-            )
+            n_local = count[t]
             if n_local == 0:
                 continue
-            ct = block[:n_local]
+            members = found[bound[t] : bound[t] + n_local]
+            for r in range(n_local):
+                local[members[r]] = r
+            if keep:
+                ct = kept[ptr[t] : ptr[t + 1]]
+                kept_members[ptr[t] : ptr[t + 1]] = members
+            else:
+                ct = scratch[:n_local]
+            tile_noise(t, tile_rows, inv_sigma, values, sig, vt)
+            fill_block(
+                t, idx, w, input_ptr, input_pixel, input_offset, psf, psf_span, local, sig, ct
+            )
             g = np.empty((n_local, n_local))
-            syrk_lower(syrk, ct, g)
+            syrk_upper(syrk, ct, g)
             ev = np.dot(ct, vt)
             # F's upper triangle (members ascending: F[mb, ma] with mb <= ma)
             for b in range(n_local):
                 row = f[d + members[b]]
+                gb = g[b]
                 for a in range(b, n_local):
-                    row[d + members[a]] += g[a, b]
+                    row[d + members[a]] += gb[a]
             m0 = members[0]
             for a in range(n_local):
                 ma = members[a]
@@ -256,7 +295,7 @@ def _forward(
             e += e_parts[c]
             for j in range(n_s):
                 first[j] = min(first[j], first_parts[c, j])
-    return e, first
+    return e, first, ptr, kept_members, kept
 
 
 @numba.njit(cache=True, nogil=True)
@@ -277,7 +316,8 @@ def backward(n_threads, idx, w, values, inv_sigma, f_bar, e_bar, *tables):
     n_s = f_bar.shape[0]
     zeros = np.zeros(n_s)
     g = f_bar + f_bar.T
-    args = (idx, w, values, inv_sigma, e_bar, *tables)
+    none = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, tables[0].shape[1])))
+    args = (idx, w, values, inv_sigma, e_bar, *none, *tables)
     return backward_inverse(n_threads, g, np.ones(n_s), zeros, zeros, 0.5, 0, n_s, *args)
 
 
@@ -297,54 +337,60 @@ def backward_inverse(
     values,
     inv_sigma,
     e_bar,
+    ptr,
+    kept_members,
+    kept,
     tile_rows,
     input_ptr,
     input_pixel,
     input_offset,
     psf,
+    psf_span,
 ):
     # The cotangents of w and V for f_bar = l_bar S Z S - b_bar x^T on the source block
     # (`z`: the upper triangle of Z in z[o:o + n_s, o:o + n_s], S = diag(scale[o:]), b_bar
     # and x offset by o likewise): the cotangent of x = a^-1 b and l = log det a with
     # respect to the a = F + ... that has F in a[o:o + n_s, o:o + n_s] (a^-1 = S Z S; see
     # `_host_linalg`). Each tile reads (f_bar + f_bar^T)[S, S] off Z and the two vectors
-    # (entries of F's structure: a selected inverse on its envelope suffices).
+    # (entries of F's structure: a selected inverse on its envelope suffices). The blocks
+    # C[tile, S] are the forward call's (`forward_into` with `keep`), or rebuilt when
+    # `ptr` is empty.
     n_tiles, t2 = tile_rows.shape
     m = values.shape[1]
     k = idx.shape[1]
+    cached = ptr.shape[0] > 0
     w_bar = np.zeros(w.shape)
     v_bar = np.zeros(values.shape)
     n_chunks = max(1, min(n_threads, n_tiles))
     w_parts = np.zeros((n_chunks, w.shape[0], k))
     for c in numba.prange(n_chunks):
         local = np.full(n_s, -1, dtype=np.int64)
-        members = np.empty(n_s, dtype=np.int64)
-        block = np.empty((n_s + 1, t2))
+        scratch_members = np.empty(0 if cached else n_s, dtype=np.int64)
+        block = np.empty((0 if cached else n_s, t2))
+        sig = np.empty(t2)
         vt = np.empty((t2, m))
         wb = w_parts[c]
         for t in range(c * n_tiles // n_chunks, (c + 1) * n_tiles // n_chunks):
-            n_local = build_block(
-                t,
-                idx,
-                w,
-                tile_rows,
-                input_ptr,
-                input_pixel,
-                input_offset,
-                psf,
-                inv_sigma,
-                values,
-                local,
-                members,
-                block,
-                vt,
-            )
+            if cached:
+                n_local = ptr[t + 1] - ptr[t]
+                members = kept_members[ptr[t] : ptr[t + 1]]
+                for r in range(n_local):
+                    local[members[r]] = r
+                ct = kept[ptr[t] : ptr[t + 1]]
+                tile_noise(t, tile_rows, inv_sigma, values, sig, vt)
+            else:
+                n_local = tile_members(t, idx, input_ptr, input_pixel, local, scratch_members)
+                members = scratch_members[:n_local]
+                ct = block[:n_local]
+                tile_noise(t, tile_rows, inv_sigma, values, sig, vt)
+                fill_block(
+                    t, idx, w, input_ptr, input_pixel, input_offset, psf, psf_span, local, sig, ct
+                )
             if n_local == 0:
                 continue
             # (Fbar + Fbar^T)[S, S] = 2 l_bar S Z[S, S] S - b_bar x^T - x b_bar^T: Z[S, S]
             # gathered from the upper triangle (one read per pair), the scales applied to
             # C's rows, the rank-two part as two vectors
-            ct = block[:n_local]
             g = np.empty((n_local, n_local))
             cs = np.empty((n_local, t2))
             el = np.empty((n_local, m))
@@ -371,7 +417,6 @@ def backward_inverse(
             # dC (n_local x t2) = (Fbar + Fbar^T)[S, S] C + Ebar[S] V^T, each column times
             # the tile's inverse noise
             dc = np.dot(g, cs)
-            sig = block[n_s]
             for a in range(n_local):
                 za = o + members[a]
                 sa = 2.0 * l_bar * scale[za]
@@ -390,16 +435,20 @@ def backward_inverse(
                 if r >= 0:
                     for q in range(m):
                         v_bar[r, q] += vb[s, q]
+            # wbar: each input's PSF column against dC's rows, over the column's span
             for j in range(input_ptr[t], input_ptr[t + 1]):
                 p = input_pixel[j]
-                column = psf[input_offset[j]]
+                off = input_offset[j]
+                lo = psf_span[off, 0]
+                hi = psf_span[off, 1]
+                column = psf[off, lo:hi]
                 for i in range(k):
                     a = idx[p, i]
                     if a < 0 or a >= n_s:
                         continue
-                    row = dc[local[a]]
+                    row = dc[local[a], lo:hi]
                     acc = 0.0
-                    for s in range(t2):
+                    for s in range(row.shape[0]):
                         acc += row[s] * column[s]
                     wb[p, i] += acc
             for a in range(n_local):
