@@ -913,6 +913,9 @@ def test_sparse_reverse_pass_from_kept_blocks_matches_rebuilding_them(n_threads)
     assert all(b.shape[0] == 0 for b in none)
     ptr, members, rows = kept
     assert ptr.shape == (tables[0].shape[0] + 1,) and rows.shape == (ptr[-1], 16)
+    for t in range(ptr.shape[0] - 1):  # each tile's source pixels, ascending
+        assert np.all(np.diff(members[ptr[t] : ptr[t + 1]]) > 0)
+    assert members.min() >= 0 and members.max() < n_s
     assert rel_err(np.triu(f1), np.triu(f0)) < 1e-14 and rel_err(e1, e0) < 1e-14
     assert np.array_equal(first0, first1)
     rng = np.random.default_rng(3)

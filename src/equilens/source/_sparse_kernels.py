@@ -68,6 +68,31 @@ def syrk_upper(syrk, ct, g):
 
 @numba.njit(cache=True, nogil=True)
 @no_type_check
+def symm_upper(symm, g, b, c):
+    # c <- g b (C order: g n x n symmetric, its upper triangle read; b and c n x k), by BLAS
+    # symm on the Fortran-order views (c^T = b^T g, g's upper triangle its lower)
+    n, k = b.shape
+    ch = np.array([ord("R"), ord("L")], np.uint8)
+    dims = np.array([k, n], np.int32)
+    coef = np.array([1.0, 0.0])
+    symm(
+        ch[0:].ctypes,
+        ch[1:].ctypes,
+        dims[0:].ctypes,
+        dims[1:].ctypes,
+        coef[0:].ctypes,
+        g.ctypes,
+        dims[1:].ctypes,
+        b.ctypes,
+        dims[0:].ctypes,
+        coef[1:].ctypes,
+        c.ctypes,
+        dims[0:].ctypes,
+    )
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
 def tile_members(t, idx, input_ptr, input_pixel, local, members):
     # S, the source pixels that tile t's inputs map to, ascending (so that the scatters
     # into F walk its rows in order), into members[:n_local]; local[a] <- a's position in
@@ -321,10 +346,17 @@ def backward(n_threads, idx, w, values, inv_sigma, f_bar, e_bar, *tables):
     return backward_inverse(n_threads, g, np.ones(n_s), zeros, zeros, 0.5, 0, n_s, *args)
 
 
+def backward_inverse(n_threads, *args):
+    """The cotangents of `w` and `V` from the inverse of a system that holds `F` (see
+    `_backward_inverse`)."""
+    return _backward_inverse(n_threads, _SYMM, *args)
+
+
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath=_REASSOC)
 @no_type_check
-def backward_inverse(
+def _backward_inverse(
     n_threads,
+    symm,
     z,
     scale,
     b_bar,
@@ -399,11 +431,9 @@ def backward_inverse(
             for a in range(n_local):
                 za = o + members[a]
                 zrow = z[za]
-                g[a, a] = zrow[za]
-                for b in range(a + 1, n_local):
-                    v = zrow[o + members[b]]
-                    g[a, b] = v
-                    g[b, a] = v
+                grow = g[a]
+                for b in range(a, n_local):
+                    grow[b] = zrow[o + members[b]]
                 sa = scale[za]
                 xa = x[za]
                 ba = b_bar[za]
@@ -416,7 +446,8 @@ def backward_inverse(
                     el[a, q] = e_bar[members[a], q]
             # dC (n_local x t2) = (Fbar + Fbar^T)[S, S] C + Ebar[S] V^T, each column times
             # the tile's inverse noise
-            dc = np.dot(g, cs)
+            dc = np.empty((n_local, t2))
+            symm_upper(symm, g, cs, dc)
             for a in range(n_local):
                 za = o + members[a]
                 sa = 2.0 * l_bar * scale[za]
