@@ -4,13 +4,15 @@
 
 The image is cut into `T x T` tiles. For one tile, the rows of `C` (its mask pixels) are
 lit only by the mapped pixels within a PSF half-width of it, which map to a small set `S`
-of source pixels: the block `C[tile, S]` is built densely (one length-`T^2` axpy of a
-tabulated PSF column per interpolation weight), then `F[S, S] += C_t C_t^T` (BLAS `syrk`,
+of source pixels: the block `C[tile, S]` is built densely (one axpy of a tabulated PSF
+column, over the span of its non-zero tile positions, per interpolation weight), then `F[S, S] += C_t C_t^T` (BLAS `syrk`,
 into `F`'s upper triangle, mirrored once at the end) and `E[S] += C_t V_t`. The cost is
 `O(n_mask ((T + 2h)^2 k + |S|^2))`: it never touches the `n_mask x n_source` product of
 the "dense" route nor the `(2K-1)^2` neighbours per pixel of the "w_tilde" route. The
-backward pass rebuilds each block and forms `dC = (Fbar + Fbar^T)[S, S] C + Ebar V^T`
-(symmetrised on the small block), then `wbar[p, i] = <dC[a_pi], psf column>` and
+backward pass takes each block from the forward call (the whole system's host solve keeps
+them, about `8 T^2 sum |S|` bytes, 9 MiB for the benchmark's 32x32 mesh) or builds it
+again, and forms `dC = (Fbar + Fbar^T)[S, S] C + Ebar V^T` (BLAS `symm` on the small
+block's upper triangle), then `wbar[p, i] = <dC[a_pi], psf column>` and
 `Vbar = C^T Ebar`.
 
 Tiles are split into one chunk per Numba thread, each chunk with its own accumulator
