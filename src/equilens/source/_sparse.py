@@ -5,8 +5,9 @@
 The image is cut into `T x T` tiles. For one tile, the rows of `C` (its mask pixels) are
 lit only by the mapped pixels within a PSF half-width of it, which map to a small set `S`
 of source pixels: the block `C[tile, S]` is built densely (one axpy of a tabulated PSF
-column, over the span of its non-zero tile positions, per interpolation weight), then `F[S, S] += C_t C_t^T` (BLAS `syrk`,
-into `F`'s upper triangle, mirrored once at the end) and `E[S] += C_t V_t`. The cost is
+column, over the span of its non-zero tile positions, per interpolation weight), then
+`F[S, S] += C_t C_t^T` (BLAS `syrk`, into `F`'s upper triangle, mirrored once at the end)
+and `E[S] += C_t V_t`. The cost is
 `O(n_mask ((T + 2h)^2 k + |S|^2))`: it never touches the `n_mask x n_source` product of
 the "dense" route nor the `(2K-1)^2` neighbours per pixel of the "w_tilde" route. The
 backward pass takes each block from the forward call (the whole system's host solve keeps
