@@ -72,23 +72,7 @@ def symm_upper(symm, g, b, c):
     # c <- g b (C order: g n x n symmetric, its upper triangle read; b and c n x k), by BLAS
     # symm on the Fortran-order views (c^T = b^T g, g's upper triangle its lower)
     n, k = b.shape
-    ch = np.array([ord("R"), ord("L")], np.uint8)
-    dims = np.array([k, n], np.int32)
-    coef = np.array([1.0, 0.0])
-    symm(
-        ch[0:].ctypes,
-        ch[1:].ctypes,
-        dims[0:].ctypes,
-        dims[1:].ctypes,
-        coef[0:].ctypes,
-        g.ctypes,
-        dims[1:].ctypes,
-        b.ctypes,
-        dims[0:].ctypes,
-        coef[1:].ctypes,
-        c.ctypes,
-        dims[0:].ctypes,
-    )
+    _symm(symm, ord("R"), ord("L"), k, n, 1.0, g, n, b, k, 0.0, c, k)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -689,6 +673,31 @@ def _gemm(gemm, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
 
 @numba.njit(cache=True, nogil=True)
 @no_type_check
+def _symm(symm, side, uplo, m, n, alpha, a, lda, b, ldb, beta, c, ldc):
+    # BLAS dsymm, c <- alpha a b + beta c (side ord("L")) or alpha b a + beta c (ord("R")),
+    # `a` symmetric with its `uplo` triangle read, on Fortran-order views starting at the
+    # given arrays' first elements
+    dims = np.array([m, n, lda, ldb, ldc], np.int32)
+    chars = np.array([side, uplo], np.uint8)
+    coef = np.array([alpha, beta])
+    symm(
+        chars[0:].ctypes,
+        chars[1:].ctypes,
+        dims[0:].ctypes,
+        dims[1:].ctypes,
+        coef[0:].ctypes,
+        a.ctypes,
+        dims[2:].ctypes,
+        b.ctypes,
+        dims[3:].ctypes,
+        coef[1:].ctypes,
+        c.ctypes,
+        dims[4:].ctypes,
+    )
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
 def envelope_inverse(trsm, symm, gemm, trtri, lauum, a, start, bounds):
     # The selected inverse: from the factor of `envelope_cholesky` (same `start`; any
     # `bounds`), Z = A^-1 in place on the blocks' envelope, exact there (and zero in the
@@ -704,7 +713,6 @@ def envelope_inverse(trsm, symm, gemm, trtri, lauum, a, start, bounds):
     window = _windows(start, bounds)
     ld = np.array([n], np.int32)
     one = np.array([1.0])
-    minus_one = np.array([-1.0])
     ch = np.array([ord("R"), ord("L"), ord("N"), ord("T")], np.uint8)
     info = np.zeros(1, np.int32)
     runs = np.empty((n_blocks, 2), np.int64)
@@ -726,7 +734,6 @@ def envelope_inverse(trsm, symm, gemm, trtri, lauum, a, start, bounds):
                 r += bounds[ib + 1] - bounds[ib]
         # t (C order |J| x |R|): the Fortran |R| x |J| matrix Z[R, J], leading dim |R|
         t = np.zeros((mj, r))
-        lt = np.array([max(r, 1)], np.int32)
         for p in range(n_runs):
             # Lh[run p] = L[run p, J] L_JJ^-1, in place (M[p0:, j0:] is a[j0:, p0:])
             rp = np.array([runs[p, 1] - runs[p, 0]], np.int32)
@@ -753,20 +760,9 @@ def envelope_inverse(trsm, symm, gemm, trtri, lauum, a, start, bounds):
                 rq = np.array([runs[q, 1] - q0], np.int32)
                 if q == p:
                     # T[p] -= Z[p, p] Lh[p] (Z[p, p]: the lower triangle of M[p0:, p0:])
-                    symm(
-                        ch[1:].ctypes,
-                        ch[1:].ctypes,
-                        rp.ctypes,
-                        m.ctypes,
-                        minus_one.ctypes,
-                        a[p0:, p0:].ctypes,
-                        ld.ctypes,
-                        a[j0:, p0:].ctypes,
-                        ld.ctypes,
-                        one.ctypes,
-                        t[:, op:].ctypes,
-                        lt.ctypes,
-                    )
+                    left, lower = ord("L"), ord("L")
+                    zp, lp = a[p0:, p0:], a[j0:, p0:]
+                    _symm(symm, left, lower, rp[0], mj, -1.0, zp, n, lp, n, 1.0, t[:, op:], r)
                 else:
                     # T[q] -= Z[q, p] Lh[p] and T[p] -= Z[q, p]^T Lh[q] (Z[q, p]: M[q0:, p0:])
                     nn, tt = ord("N"), ord("T")
