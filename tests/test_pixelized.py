@@ -371,10 +371,22 @@ def test_sparse_route_forward_mode_and_hessian_match_the_dense_route(dataset):
         ("delaunay", "matern"),
     ],
 )
-def test_sparse_route_gradient_matches_the_dense_route_in_every_parameter(dataset, mesh, reg):
+def test_sparse_route_gradient_matches_the_dense_route_in_every_parameter(
+    dataset, mesh, reg, monkeypatch
+):
     # the sparse route solves in one host call (curvature, regularization and linear
     # light assembled there): its reverse-mode rule against JAX's derivative of the dense
     # route, in the mass, the regularization and the linear lens light's shape
+    from equilens.source import _host_linalg
+
+    needed = []
+    real = _host_linalg._system_bwd_host
+
+    def spy(*args, need, **kwargs):
+        needed.append(need)
+        return real(*args, need=need, **kwargs)
+
+    monkeypatch.setattr(_host_linalg, "_system_bwd_host", spy)
     system = _system(_mesh(mesh, dataset), _reg(reg), lens_light=True)
     params, static = eqx.partition(system, eqx.is_inexact_array)
     free = jax.tree.map(lambda _: True, params)
@@ -394,13 +406,16 @@ def test_sparse_route_gradient_matches_the_dense_route_in_every_parameter(datase
     flat_d = jnp.concatenate([jnp.ravel(v) for v in jax.tree.leaves(g_dense)])
     assert int(jnp.sum(flat_d != 0.0)) >= 8
     assert rel_err(flat_s, flat_d) < (1e-8 if X64 else 2e-2)
-    # only the regularization strength differentiated: no host kernel cotangents needed
+    assert "w" in needed[-1] and "gram" in needed[-1]
+    # only the regularization strength differentiated: only the regularization's
+    # cotangent is formed on the host (not the tile kernels' nor the linear light's)
     lam = lambda s: s.source.regularization
     only = eqx.filter(params, eqx.tree_at(lam, jax.tree.map(lambda _: False, free), True))
     rest = eqx.filter(params, eqx.tree_at(lam, jax.tree.map(lambda _: True, free), False))
     g_reg = eqx.filter_jit(jax.grad(lambda t, p: loss(t, eqx.combine(p, rest)), argnums=1))(
         sparse, only
     )
+    assert needed[-1] == ("reg",)
     assert rel_err(jnp.stack(jax.tree.leaves(g_reg)), jnp.stack(jax.tree.leaves(lam(g_dense)))) < (
         1e-8 if X64 else 2e-2
     )
@@ -487,8 +502,11 @@ def test_sparse_route_inverts_all_of_the_system_only_for_a_moving_pattern(
     dataset, monkeypatch, fixed
 ):
     # the regularization's fixed_sparsity reaches the host: the whole inverse when its
-    # zeros can move and it is differentiated, the selected one otherwise; either way the
-    # gradient is the dense route's
+    # zeros can move and it is differentiated, the selected one otherwise. The derivative
+    # in the strength (entries inside the envelope) is the dense route's either way; the
+    # bump's (a zero entry at far corners, outside the envelope) only from the whole
+    # inverse: a false fixed_sparsity claim misses it, as documented
+    # (test_host_system_gradient_outside_the_envelope)
     from equilens.source import _host_linalg
 
     seen = []
@@ -502,14 +520,17 @@ def test_sparse_route_inverts_all_of_the_system_only_for_a_moving_pattern(
     cls = type("_Fixed", (_MovingPattern,), {"fixed_sparsity": True}) if fixed else _MovingPattern
     system = _system(_mesh("rect", dataset), cls(jnp.asarray(2e-3), jnp.asarray(0.0)))
 
-    def d_bump(route):
+    def d_reg(route):
         term = el.LogEvidence(dataset, route=route)
         grad = eqx.filter_jit(eqx.filter_grad(lambda s, t: t(s)))(system, term)
-        return grad.source.regularization.bump
+        return grad.source.regularization
 
-    dense, sparse = d_bump("dense"), d_bump("sparse")
+    dense, sparse = d_reg("dense"), d_reg("sparse")
     assert seen == [not fixed]
-    assert abs(float(sparse - dense)) <= (1e-8 if X64 else 2e-2) * abs(float(dense))
+    tol = 1e-8 if X64 else 2e-2
+    assert abs(float(sparse.coefficient - dense.coefficient)) <= tol * abs(float(dense.coefficient))
+    if not fixed:
+        assert abs(float(sparse.bump - dense.bump)) <= tol * abs(float(dense.bump))
 
 
 @pytest.mark.x64_only

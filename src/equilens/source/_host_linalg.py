@@ -93,9 +93,9 @@ def _inverse(
 ):
     """`a^-1 x_bar` and (the upper triangle of) `Z = (S a S)^-1`, in place of a writable
     float64 copy `u` of the factor (`a^-1 = S Z S`): all of it (LAPACK's `potri`), or,
-    given the factor's envelope `start` (and `split`), only on the envelope of its blocks
-    (`_sparse_kernels.envelope_inverse`: exact there, zero in the rest of the upper
-    triangle)."""
+    given the factor's envelope `start` (and `split`), only on that envelope
+    (`_sparse_kernels.envelope_inverse`: exact there and on its diagonal blocks, the
+    factor's zeros in the rest of the upper triangle)."""
     from ._sparse_kernels import inverse_envelope
 
     with blas_threads(LAPACK_THREADS):
@@ -230,10 +230,11 @@ def _system_solved(
     return x, logdet, u, scale, start, blocks
 
 
-def _system_host(*args, n_s: int, keep_factor: bool):
+def _system_host(*args, n_s: int, keep_factor: bool, keep_blocks: bool):
     # x (in the caller's order [linear, source]) and log det a; with `keep_factor`, also
-    # the token under which the factor waits on the host for the reverse pass
-    solved = _system_solved(*args, n_s=n_s, keep=keep_factor)
+    # the token under which the factor (and, with `keep_blocks`, the tile blocks of C: the
+    # reverse pass reads them only for the cotangents of w and values) waits on the host
+    solved = _system_solved(*args, n_s=n_s, keep=keep_blocks)
     x, logdet, u = solved[:3]
     dtype = args[1].dtype
     out = (_rotate(x, n_s).astype(dtype), np.asarray(logdet, dtype))
@@ -321,7 +322,7 @@ def _system_bwd_host(token, x_bar, l_bar, *args, o, need, selected, sparse_reg):
     n_s = x_bar.shape[0] - o
     solved = _FACTORS.take(int(token))
     if solved is None:
-        solved = _system_solved(*args, n_s=n_s, keep=True)
+        solved = _system_solved(*args, n_s=n_s, keep="w" in need or "values" in need)
     x, _, u, scale, start, blocks = solved
     if u is None:
         reg_shape = rows.shape if sparse_reg else (n_s, n_s)
@@ -381,13 +382,17 @@ def _system_args(diff, pattern, idx, inv_sigma, tables) -> tuple:
     return (idx, w, values, inv_sigma, *pattern, reg, gram, rhs, *table_arrays(tables))
 
 
-def _system(diff, pattern, idx, inv_sigma, tables, n_s: int, keep_factor: bool):
+def _system(
+    diff, pattern, idx, inv_sigma, tables, n_s: int, keep_factor: bool, keep_blocks: bool = False
+):
     w, _, _, gram, _ = diff
     n = gram.shape[0] + n_s
     shapes = (jax.ShapeDtypeStruct((n,), w.dtype), jax.ShapeDtypeStruct((), w.dtype))
     if keep_factor:
         shapes = (*shapes, jax.ShapeDtypeStruct((), jnp.int32))
-    host = functools.partial(_system_host, n_s=n_s, keep_factor=keep_factor)
+    host = functools.partial(
+        _system_host, n_s=n_s, keep_factor=keep_factor, keep_blocks=keep_factor and keep_blocks
+    )
     args = _system_args(diff, pattern, idx, inv_sigma, tables)
     return jax.pure_callback(host, shapes, *args, vmap_method="sequential")
 
@@ -400,8 +405,12 @@ def _sparse_system(diff, pattern, idx, inv_sigma, tables, n_s, selected):
 
 @_sparse_system.def_fwd
 def _sparse_system_fwd(perturbed, diff, pattern, idx, inv_sigma, tables, n_s, selected):
-    del perturbed, selected
-    x, logdet, token = _system(diff, pattern, idx, inv_sigma, tables, n_s, keep_factor=True)
+    del selected
+    # (the tile blocks only for a reverse pass that forms the cotangents of w or values)
+    blocks = any(jax.tree.leaves(perturbed[:2]))
+    x, logdet, token = _system(
+        diff, pattern, idx, inv_sigma, tables, n_s, keep_factor=True, keep_blocks=blocks
+    )
     return (x, logdet), token
 
 

@@ -144,6 +144,9 @@ def fill_block(t, idx, w, input_ptr, input_pixel, input_offset, psf, psf_span, l
 
 #: Block rows of `envelope_cholesky` (96 measured fastest on one core, 32 to 192 tried).
 ENVELOPE_BLOCK = 96
+#: Block columns of `envelope_inverse` (its rows gathered per block: 32 to 96 measured
+#: within noise of each other on one core, against 96-row blocks of whole blocks' rows).
+INVERSE_BLOCK = 64
 #: The envelope is factored by block rows only when that costs at most this fraction of
 #: the dense factorisation's multiply-adds; otherwise by LAPACK's `potrf` at once (on one
 #: core, the 32x32 mesh's system at 0.36 of the dense cost took 0.6 of its time, a
@@ -698,94 +701,102 @@ def _symm(symm, side, uplo, m, n, alpha, a, lda, b, ldb, beta, c, ldc):
 
 @numba.njit(cache=True, nogil=True)
 @no_type_check
+def _copy_runs(src, dst, runs, n_runs, to_runs):
+    # dst[off:off + len] <- src[r0:r1] for each run (r0, r1, off) (or back, `to_runs`)
+    for p in range(n_runs):
+        r0 = runs[p, 0]
+        r1 = runs[p, 1]
+        o = runs[p, 2]
+        if to_runs:
+            dst[r0:r1] = src[o : o + r1 - r0]
+        else:
+            dst[o : o + r1 - r0] = src[r0:r1]
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
 def envelope_inverse(trsm, symm, gemm, trtri, lauum, a, start, bounds):
-    # The selected inverse: from the factor of `envelope_cholesky` (same `start`; any
-    # `bounds`), Z = A^-1 in place on the blocks' envelope, exact there (and zero in the
-    # rest of the upper triangle of `a`, C order; its lower triangle is overwritten).
-    # Takahashi's recurrence by block columns J of L (last first), over the rows R of the
-    # blocks below whose window reaches J (in runs of consecutive blocks):
-    # Lh = L[R, J] L_JJ^-1, Z[R, J] = -Z[R, R] Lh, Z[J, J] = (L_JJ L_JJ^T)^-1 - Z[R, J]^T Lh.
-    # Z[R, R] is needed only where both rows are in R, which the blocks' envelope holds
-    # (the structure is closed), and was formed by the later block columns. Multiply-adds:
-    # sum_J |R|^2 |J| (symm and gemm) against n^3 / 3 for LAPACK's potri.
+    # The selected inverse: from the factor of `envelope_cholesky` (same `start`, or one
+    # that starts no later anywhere; any `bounds`), Z = A^-1 in place on the envelope,
+    # exact there (and on the diagonal blocks' upper triangles; the rest of the upper
+    # triangle of `a`, C order, keeps the factor's zeros; its lower triangle is
+    # overwritten). Takahashi's recurrence by block columns J of L (last first), over the
+    # rows R of the envelope below J (every i >= j1 with start[i] < j1, gathered from their
+    # runs of consecutive rows): Lh = L[R, J] L_JJ^-1, Z[R, J] = -Z[R, R] Lh,
+    # Z[J, J] = (L_JJ L_JJ^T)^-1 - Z[R, J]^T Lh. Z[R, R] is needed only where both rows are
+    # in R, which the envelope holds (the structure is closed: start[i] < j1 <= i'), and
+    # was formed by the later block columns. Multiply-adds: sum_J |R|^2 |J| (symm) +
+    # |R| |J|^2 (gemm, trsm) against n^3 / 3 for LAPACK's potri; the copies in and out
+    # of R, sum_J |R|^2 / 2 + 2 |R| |J|.
     n = a.shape[0]
     n_blocks = bounds.shape[0] - 1
-    window = _windows(start, bounds)
     ld = np.array([n], np.int32)
     one = np.array([1.0])
-    ch = np.array([ord("R"), ord("L"), ord("N"), ord("T")], np.uint8)
+    ch = np.array([ord("R"), ord("L"), ord("N")], np.uint8)
     info = np.zeros(1, np.int32)
-    runs = np.empty((n_blocks, 2), np.int64)
+    rows = np.empty(n, np.int64)
+    runs = np.empty((n, 3), np.int64)  # (first row, end row, position in R)
+    r_most = 0
+    for jb in range(n_blocks):
+        r = 0
+        for i in range(bounds[jb + 1], n):
+            r += start[i] < bounds[jb + 1]
+        r_most = max(r_most, r)
+    g_buffer = np.empty(r_most * r_most)
     for jb in range(n_blocks - 1, -1, -1):
         j0 = bounds[jb]
         j1 = bounds[jb + 1]
         mj = j1 - j0
         m = np.array([mj], np.int32)
-        n_runs = 0
         r = 0
-        for ib in range(jb + 1, n_blocks):
-            if window[ib] < j1:
-                if n_runs > 0 and runs[n_runs - 1, 1] == bounds[ib]:
-                    runs[n_runs - 1, 1] = bounds[ib + 1]
+        n_runs = 0
+        for i in range(j1, n):
+            if start[i] < j1:
+                if n_runs > 0 and runs[n_runs - 1, 1] == i:
+                    runs[n_runs - 1, 1] = i + 1
                 else:
-                    runs[n_runs, 0] = bounds[ib]
-                    runs[n_runs, 1] = bounds[ib + 1]
+                    runs[n_runs, 0] = i
+                    runs[n_runs, 1] = i + 1
+                    runs[n_runs, 2] = r
                     n_runs += 1
-                r += bounds[ib + 1] - bounds[ib]
-        # t (C order |J| x |R|): the Fortran |R| x |J| matrix Z[R, J], leading dim |R|
-        t = np.zeros((mj, r))
-        for p in range(n_runs):
-            # Lh[run p] = L[run p, J] L_JJ^-1, in place (M[p0:, j0:] is a[j0:, p0:])
-            rp = np.array([runs[p, 1] - runs[p, 0]], np.int32)
+                rows[r] = i
+                r += 1
+        # lh, t: C order |J| x |R| (the Fortran |R| x |J| matrices, leading dim |R|)
+        lh = np.empty((mj, r))
+        t = np.empty((mj, r))
+        if r > 0:
+            # Lh = L[R, J] L_JJ^-1 (L[R, J] = M[R, J]: rows J of `a` at the columns R)
+            for c in range(mj):
+                _copy_runs(a[j0 + c], lh[c], runs, n_runs, False)
+            rr = np.array([r], np.int32)
             trsm(
                 ch[0:].ctypes,
                 ch[1:].ctypes,
                 ch[2:].ctypes,
                 ch[2:].ctypes,
-                rp.ctypes,
+                rr.ctypes,
                 m.ctypes,
                 one.ctypes,
                 a[j0:, j0:].ctypes,
                 ld.ctypes,
-                a[j0:, runs[p, 0] :].ctypes,
-                ld.ctypes,
+                lh.ctypes,
+                rr.ctypes,
             )
-        op = 0
-        for p in range(n_runs):
-            p0 = runs[p, 0]
-            rp = np.array([runs[p, 1] - p0], np.int32)
-            oq = op
-            for q in range(p, n_runs):
-                q0 = runs[q, 0]
-                rq = np.array([runs[q, 1] - q0], np.int32)
-                if q == p:
-                    # T[p] -= Z[p, p] Lh[p] (Z[p, p]: the lower triangle of M[p0:, p0:])
-                    left, lower = ord("L"), ord("L")
-                    zp, lp = a[p0:, p0:], a[j0:, p0:]
-                    _symm(symm, left, lower, rp[0], mj, -1.0, zp, n, lp, n, 1.0, t[:, op:], r)
-                else:
-                    # T[q] -= Z[q, p] Lh[p] and T[p] -= Z[q, p]^T Lh[q] (Z[q, p]: M[q0:, p0:])
-                    nn, tt = ord("N"), ord("T")
-                    zq, zp = a[p0:, q0:], t[:, op:]
-                    _gemm(
-                        gemm,
-                        nn,
-                        nn,
-                        rq[0],
-                        mj,
-                        rp[0],
-                        -1.0,
-                        zq,
-                        n,
-                        a[j0:, p0:],
-                        n,
-                        1.0,
-                        t[:, oq:],
-                        r,
-                    )
-                    _gemm(gemm, tt, nn, rp[0], mj, rq[0], -1.0, zq, n, a[j0:, q0:], n, 1.0, zp, r)
-                oq += rq[0]
-            op += rp[0]
+            # g (C order |R| x |R|, upper triangle; the Fortran lower one) <- Z[R, R]:
+            # g[l, k] = a[R_l, R_k] for k >= l
+            g = g_buffer[: r * r].reshape((r, r))
+            p = 0
+            for q in range(r):
+                while runs[p, 2] + runs[p, 1] - runs[p, 0] <= q:
+                    p += 1
+                src = a[rows[q]]
+                dst = g[q]
+                dst[q : runs[p, 2] + runs[p, 1] - runs[p, 0]] = src[rows[q] : runs[p, 1]]
+                for pp in range(p + 1, n_runs):
+                    o = runs[pp, 2]
+                    dst[o : o + runs[pp, 1] - runs[pp, 0]] = src[runs[pp, 0] : runs[pp, 1]]
+            # T = -Z[R, R] Lh
+            _symm(symm, ord("L"), ord("L"), r, mj, -1.0, g, r, lh, r, 0.0, t, r)
         # (L_JJ L_JJ^T)^-1 in place: L_JJ^-1 (trtri), then L_JJ^-T L_JJ^-1 (lauum)
         trtri(ch[1:].ctypes, ch[2:].ctypes, m.ctypes, a[j0:, j0:].ctypes, ld.ctypes, info.ctypes)
         if info[0] != 0:
@@ -793,28 +804,16 @@ def envelope_inverse(trsm, symm, gemm, trtri, lauum, a, start, bounds):
         lauum(ch[1:].ctypes, m.ctypes, a[j0:, j0:].ctypes, ld.ctypes, info.ctypes)
         if r == 0:
             continue
-        # Z_JJ -= T^T Lh (g: Fortran |J| x |J|), on M[J, J]'s lower triangle, the upper
-        # triangle of a[J, J]
-        g = np.empty((mj, mj))
-        op = 0
-        for p in range(n_runs):
-            p0 = runs[p, 0]
-            rp = np.array([runs[p, 1] - p0], np.int32)
-            beta = 0.0 if p == 0 else 1.0
-            lh = a[j0:, p0:]
-            _gemm(gemm, ord("T"), ord("N"), mj, mj, rp[0], 1.0, t[:, op:], r, lh, n, beta, g, mj)
-            op += rp[0]
+        # Z_JJ -= T^T Lh (gj: Fortran |J| x |J|), on M[J, J]'s lower triangle, the upper
+        # triangle of a[J, J]; then Z[R, J] = T into rows J of `a` at the columns R
+        gj = np.empty((mj, mj))
+        _gemm(gemm, ord("T"), ord("N"), mj, mj, r, 1.0, t, r, lh, r, 0.0, gj, mj)
         for c in range(mj):
             row = a[j0 + c]
-            gc = g[c]
+            gc = gj[c]
             for d in range(c, mj):
                 row[j0 + d] -= gc[d]
-        op = 0
-        for p in range(n_runs):
-            p0 = runs[p, 0]
-            p1 = runs[p, 1]
-            a[j0:j1, p0:p1] = t[:, op : op + p1 - p0]
-            op += p1 - p0
+            _copy_runs(t[c], row, runs, n_runs, True)
     return 0
 
 
@@ -855,6 +854,8 @@ def cholesky_envelope(a, scale, start=None, split=None, nb=None):
 
 def inverse_envelope(u, start, split=None, nb=None):
     """`Z = A^-1` on the envelope of the factor `u` of `cholesky_envelope` (in place; the
-    same `start` and `split`), by `envelope_inverse`."""
+    same `start` and `split`), by `envelope_inverse` on blocks of `nb` rows
+    (`INVERSE_BLOCK` unless given)."""
+    nb = INVERSE_BLOCK if nb is None else nb
     bounds = envelope_bounds(start, split, nb, max_cost=None)
     return envelope_inverse(_TRSM, _SYMM, _GEMM, _TRTRI, _LAUUM, u, start, bounds)
