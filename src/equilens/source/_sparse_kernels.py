@@ -789,12 +789,10 @@ def envelope_inverse(trsm, symm, gemm, trtri, lauum, a, start, bounds):
             for q in range(r):
                 while runs[p, 2] + runs[p, 1] - runs[p, 0] <= q:
                     p += 1
+                # (row R_q from column R_q on: the rest of its run, then the later runs)
                 src = a[rows[q]]
-                dst = g[q]
-                dst[q : runs[p, 2] + runs[p, 1] - runs[p, 0]] = src[rows[q] : runs[p, 1]]
-                for pp in range(p + 1, n_runs):
-                    o = runs[pp, 2]
-                    dst[o : o + runs[pp, 1] - runs[pp, 0]] = src[runs[pp, 0] : runs[pp, 1]]
+                g[q, q : runs[p, 2] + runs[p, 1] - runs[p, 0]] = src[rows[q] : runs[p, 1]]
+                _copy_runs(src, g[q], runs[p + 1 :], n_runs - p - 1, False)
             # T = -Z[R, R] Lh
             _symm(symm, ord("L"), ord("L"), r, mj, -1.0, g, r, lh, r, 0.0, t, r)
         # (L_JJ L_JJ^T)^-1 in place: L_JJ^-1 (trtri), then L_JJ^-T L_JJ^-1 (lauum)
