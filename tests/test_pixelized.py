@@ -1104,3 +1104,34 @@ def test_sparse_kernels_run_with_single_threaded_blas(dataset, monkeypatch):
     assert np.isfinite(float(grad.mass.components[0].theta_E))
     assert set(seen) == {"forward_into", "backward_inverse"}
     assert all(n == 1 for ns in seen.values() for n in ns)
+
+
+def test_triangulation_follows_the_nodes_through_the_host_cache():
+    # the host keeps recent triangulations by their nodes' bytes (the triangulation and
+    # the point location of one model share one): moved nodes must get their own
+    from equilens.source._geometry import TriangulationGeometry
+
+    rng = np.random.default_rng(3)
+    first = rng.uniform(-1.0, 1.0, size=(40, 2))
+    second = first.copy()
+    second[:5] = rng.uniform(-1.0, 1.0, size=(5, 2))
+
+    @jax.jit
+    def edges_and_cells(nodes):
+        geo = TriangulationGeometry.triangulate(nodes)
+        idx, _ = geo.interpolation(jnp.asarray([0.1, -0.2]), jnp.asarray([0.05, 0.3]))
+        return geo.edges, geo.edge_weight, idx
+
+    for nodes in (first, second, first):
+        edges, weight, idx = edges_and_cells(jnp.asarray(nodes))
+        tri = Delaunay(nodes)
+        want = {
+            tuple(sorted(int(v) for v in s[[a, b]]))
+            for s in tri.simplices
+            for a, b in ((0, 1), (1, 2), (2, 0))
+        }
+        pairs = zip(np.asarray(edges), np.asarray(weight), strict=True)
+        got = {tuple(int(v) for v in e) for e, k in pairs if k}
+        assert got == want
+        cells = tri.simplices[tri.find_simplex(np.array([[0.1, 0.05], [-0.2, 0.3]]))]
+        np.testing.assert_array_equal(np.sort(np.asarray(idx), axis=1), np.sort(cells, axis=1))

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Scalar
 
+from .._callback import host_callback
 from .._custom_types import FloatScalar, ScalarLike, as_float
 from ..source._geometry import (
     AbstractGeometry,
@@ -118,7 +119,7 @@ def _topology_logdet(rows: SparseRows, n: int, order: int, dtype) -> Scalar:
         return np.asarray(value, dtype)
 
     out = jax.ShapeDtypeStruct((), dtype)
-    return jax.pure_callback(host, out, idx, coef, vmap_method="sequential")
+    return host_callback(host, out, idx, coef, vmap_method="sequential")
 
 
 def _check_positive(name: str, value: ScalarLike) -> FloatScalar:

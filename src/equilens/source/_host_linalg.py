@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, Scalar
 
+from .._callback import host_callback
 from ._geometry import SparseSymmetric
 from ._sparse import (
     LAPACK_THREADS,
@@ -143,7 +144,7 @@ def _solve(a, b, keep_factor: bool):
     if keep_factor:
         shapes = (*shapes, jax.ShapeDtypeStruct(a.shape, a.dtype), shapes[0])
     host = functools.partial(_solve_host, keep_factor=keep_factor)
-    return jax.pure_callback(host, shapes, a, b, vmap_method="sequential")
+    return host_callback(host, shapes, a, b, vmap_method="sequential")
 
 
 @jax.custom_vjp
@@ -164,7 +165,7 @@ def _cholesky_solve_bwd(residuals, g):
         jax.ShapeDtypeStruct(u.shape, u.dtype),
         jax.ShapeDtypeStruct(x.shape, x.dtype),
     )
-    return jax.pure_callback(
+    return host_callback(
         _solve_bwd_host, shapes, u, scale, x, x_bar, l_bar, vmap_method="sequential"
     )
 
@@ -394,7 +395,7 @@ def _system(
         _system_host, n_s=n_s, keep_factor=keep_factor, keep_blocks=keep_factor and keep_blocks
     )
     args = _system_args(diff, pattern, idx, inv_sigma, tables)
-    return jax.pure_callback(host, shapes, *args, vmap_method="sequential")
+    return host_callback(host, shapes, *args, vmap_method="sequential")
 
 
 @eqx.filter_custom_vjp
@@ -436,7 +437,7 @@ def _sparse_system_bwd(
         sparse_reg=reg.ndim == 1,
     )
     args = (token, x_bar, l_bar, *_system_args(diff, pattern, idx, inv_sigma, tables))
-    got = jax.pure_callback(host, shapes, *args, vmap_method="sequential") if need else ()
+    got = host_callback(host, shapes, *args, vmap_method="sequential") if need else ()
     return tuple(dict(zip(need, got, strict=True)).get(name) for name in _DIFF)
 
 

@@ -1,6 +1,6 @@
 """The "sparse" route of the curvature matrix: `F = C^T C` and `E = C^T V` with
 `C = W^(1/2) B M`, computed tile by tile on the host CPU by Numba kernels (a JAX
-`pure_callback` with a custom vector-Jacobian product).
+host callback, `equilens._callback.host_callback`, with a custom vector-Jacobian product).
 
 The image is cut into `T x T` tiles. For one tile, the rows of `C` (its mask pixels) are
 lit only by the mapped pixels within a PSF half-width of it, which map to a small set `S`
@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
+
+from .._callback import host_callback
 
 #: Tile side (pixels) of the sparse route; 8 measured fastest on one CPU core for 21x21
 #: PSFs (benchmarks/bench_pixelized.py).
@@ -227,7 +229,7 @@ def _callback(name: str, shapes, *operands, extra: tuple = ()):
         return tuple(o.astype(s.dtype, copy=False) for o, s in zip(out, shapes, strict=True))
 
     arrays = (*operands[:-1], *table_arrays(operands[-1]))
-    return jax.pure_callback(host, shapes, *arrays, vmap_method="sequential")
+    return host_callback(host, shapes, *arrays, vmap_method="sequential")
 
 
 def _forward(idx, w, values, inv_sigma, n_s, tables):
