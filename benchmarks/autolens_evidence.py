@@ -49,6 +49,8 @@ def main(path: str) -> None:
         t0 = time.perf_counter()
         value = float(al.FitImaging(dataset=dataset, tracer=tracer).log_evidence)
         first = time.perf_counter() - t0
+        for _ in range(int(arrays["warmup"]) if "warmup" in arrays else 0):  # as for equilens
+            float(al.FitImaging(dataset=dataset, tracer=tracer).log_evidence)
         times = []
         for _ in range(int(arrays["repeats"])):
             t0 = time.perf_counter()
