@@ -103,9 +103,9 @@ def test_lapack_threads_are_capped_and_never_raised(monkeypatch, cap):
         # and restored afterwards
         info = threadpoolctl.threadpool_info()
         assert all(i["num_threads"] == 2 for i in info if i["user_api"] == "blas")
-    # the factorisation and potrs, then potrs and potri ran, each under min(cap, the 2
-    # threads there were)
-    assert len(seen) == 4
+    # the factorisation (its solves run on the envelope, without BLAS), then potrs and
+    # potri ran, each under min(cap, the 2 threads there were)
+    assert len(seen) == 3
     assert all(n == min(cap, 2) for n in seen)
 
 
@@ -139,6 +139,72 @@ def test_envelope_cholesky_is_the_dense_factor(nb):
     assert np.allclose(scale, s, rtol=1e-15, atol=0.0)
     ref = np.linalg.cholesky(a * s[:, None] * s[None, :]).T
     assert rel_err(np.triu(upper), ref) < 1e-13
+
+
+def _banded_with_wide_rows(n: int, seed: int) -> np.ndarray:
+    """An SPD matrix whose rows reach 5 to 30 columns left of the diagonal, except every
+    40th row, which also has a few entries about 300 columns to its left (the pattern of
+    the rectangular mesh's curvature matrix: local rows, and a few that couple distant
+    source pixels)."""
+    rng = np.random.default_rng(seed)
+    a = np.zeros((n, n))
+    for i in range(n):
+        width = int(rng.integers(5, 30))
+        a[i, max(i - width, 0) : i] = rng.normal(size=i - max(i - width, 0))
+        if i % 40 == 39 and i >= 300:
+            far = i - 300 + rng.choice(60, size=4, replace=False)
+            a[i, far] = rng.normal(size=4)
+    a = np.tril(a, -1)
+    a = a + a.T
+    return a + np.diag(np.abs(a).sum(axis=1) + 1.0)  # diagonally dominant
+
+
+@pytest.mark.parametrize("nb", [48, 96])
+def test_envelope_cholesky_solves_early_starting_rows_in_levels(nb):
+    # the few rows that start far left of their block are solved apart, in levels, so
+    # that the block's other rows keep their own window: still the dense factor
+    from equilens.source._sparse import _kernels
+
+    kernels = _kernels()
+    n = 500
+    a = _banded_with_wide_rows(n, seed=nb)
+    upper = np.triu(a)
+    upper[np.tril_indices(n, -1)] = np.nan  # (never read)
+    scale = np.empty(n)
+    start = np.arange(n)
+    assert kernels.cholesky_envelope(upper, scale, start, nb=nb) == 0
+    bounds = kernels.envelope_bounds(start, None, nb)
+    cuts = np.empty(n + 1, np.int64)
+    levels = [
+        kernels._levels(start, bounds[b], bounds[b + 1], cuts)[0] for b in range(len(bounds) - 1)
+    ]
+    assert max(levels) >= 1  # the levels ran
+    s = 1.0 / np.sqrt(np.diagonal(a))
+    ref = np.linalg.cholesky(a * s[:, None] * s[None, :]).T
+    assert rel_err(np.triu(upper), ref) < 1e-13
+
+
+@pytest.mark.parametrize("split", [None, 420])
+def test_envelope_solve_matches_numpy(split):
+    # x = a^-1 b from the envelope factor, reading only the factor's envelope in the
+    # upper triangle (NaN below it)
+    from equilens.source._host_linalg import _envelope_solve, _factor
+
+    n = 500
+    a = _banded_with_wide_rows(n, seed=1)
+    if split is not None:  # dense trailing rows
+        c = 0.05 * np.random.default_rng(2).normal(size=(n - split, split))
+        a[split:, :split] = c
+        a[:split, split:] = c.T
+        a[split:, split:] += 50.0 * np.eye(n - split)
+    b = np.random.default_rng(3).normal(size=n)
+    work = np.triu(a)
+    work[np.tril_indices(n, -1)] = np.nan
+    start = np.arange(n) if split is None else np.r_[np.arange(split), np.zeros(n - split, int)]
+    u, scale, start = _factor(work, start, split, triangular=False)
+    assert u is not None and np.isnan(u[1, 0])  # the lower triangle left as it was
+    x = _envelope_solve(u, scale, b, start)
+    assert rel_err(x, np.linalg.solve(a, b)) < 1e-11
 
 
 @pytest.mark.parametrize("nb", [4, 64])

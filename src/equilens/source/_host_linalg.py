@@ -51,7 +51,10 @@ def _lapack():
 
 
 def _factor(
-    a: np.ndarray, start: np.ndarray | None = None, split: int | None = None
+    a: np.ndarray,
+    start: np.ndarray | None = None,
+    split: int | None = None,
+    triangular: bool = True,
 ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     """The upper Cholesky factor of the Jacobi-scaled `S a S` (`S = diag(scale)`,
     `scale = 1 / sqrt(diag a)`) of a symmetric C-order float64 `a`, in place, `scale` and
@@ -60,29 +63,43 @@ def _factor(
     Fortran-order `a^T = a`, whose lower factor `L` is `U^T`.) Only the envelope of the
     upper triangle is factored (`_sparse_kernels.envelope_cholesky`: the same factor, in
     a fraction of the dense flops when the rows' non-zeros start near the diagonal), in
-    blocks that begin again at `split` (the dense linear-light rows)."""
+    blocks that begin again at `split` (the dense linear-light rows). With `triangular`,
+    the strict lower triangle is zeroed (the factor goes to JAX); without, it is left as
+    it was (the host's own solves and inverses read the upper triangle only)."""
     from ._sparse_kernels import cholesky_envelope, zero_lower
 
     n = a.shape[0]
     scale = np.empty(n)
     start = np.arange(n) if start is None else start
     info = cholesky_envelope(a, scale, start, split)
-    return (zero_lower(a) if info == 0 else None), scale, start
+    if info != 0:
+        return None, scale, start
+    return (zero_lower(a) if triangular else a), scale, start
+
+
+def _envelope_solve(u: np.ndarray, scale: np.ndarray, b: np.ndarray, start: np.ndarray):
+    """`a^-1 b` from the factor `u` of `S a S` (`_factor`) and its envelope `start`."""
+    from ._sparse_kernels import envelope_solve
+
+    return envelope_solve(u, start, b * scale) * scale
 
 
 def _solve_factored(
-    a: np.ndarray, b: np.ndarray, start: np.ndarray | None = None, split: int | None = None
+    a: np.ndarray,
+    b: np.ndarray,
+    start: np.ndarray | None = None,
+    split: int | None = None,
+    triangular: bool = True,
 ):
     """`x = a^-1 b`, `log det a`, the factor, scale and envelope of `_factor` (`a` C-order
     float64, overwritten; `b` float64); NaN `x` and log det and a None factor when `a` is
     not positive definite."""
     with blas_threads(LAPACK_THREADS):
-        u, scale, start = _factor(a, start, split)
-        if u is None:
-            return np.full(b.shape[0], np.nan), np.nan, None, scale, start
-        y, _ = _lapack()[0](u.T, b * scale, lower=1)
+        u, scale, start = _factor(a, start, split, triangular)
+    if u is None:
+        return np.full(b.shape[0], np.nan), np.nan, None, scale, start
     logdet = 2.0 * (np.sum(np.log(np.diagonal(u))) - np.sum(np.log(scale)))
-    return y * scale, logdet, u, scale, start
+    return _envelope_solve(u, scale, b, start), logdet, u, scale, start
 
 
 def _inverse(
@@ -100,10 +117,11 @@ def _inverse(
     from ._sparse_kernels import inverse_envelope
 
     with blas_threads(LAPACK_THREADS):
-        y, _ = _lapack()[0](u.T, x_bar * scale, lower=1)
         if start is not None:
+            y = _envelope_solve(u, scale, x_bar, start)
             inverse_envelope(u, start, split)
-            return y * scale, u
+            return y, u
+        y, _ = _lapack()[0](u.T, x_bar * scale, lower=1)
         # U^T (Fortran order) is the lower factor; potri writes the lower triangle of the
         # inverse there, i.e. the upper triangle of `u`.
         lower, _ = _lapack()[1](u.T, lower=1, overwrite_c=1)
@@ -223,7 +241,8 @@ def _system_solved(
     if _leading_block_singular(gram):
         x, logdet, u, scale = np.full(n, np.nan), np.nan, None, np.ones(n)
     else:
-        x, logdet, u, scale, start = _solve_factored(a, b, start, n_s)
+        # (the factor stays on the host, where only its upper triangle is read)
+        x, logdet, u, scale, start = _solve_factored(a, b, start, n_s, triangular=False)
     # the selected inverse's (for the reverse-mode rule): that and F's structure (every
     # pair of source pixels that share a tile: the entries the backward kernel reads, some
     # of which can be zero in F)

@@ -44,26 +44,7 @@ def syrk_upper(syrk, ct, g):
     # on the Fortran-order views (ct^T: k x n; g^T's lower triangle is g's upper, so that
     # the scatter into F reads g's rows along memory)
     n, k = ct.shape
-    uplo = np.array([ord("L")], np.uint8)
-    trans = np.array([ord("T")], np.uint8)
-    nn = np.array([n], np.int32)
-    kk = np.array([k], np.int32)
-    alpha = np.array([1.0])
-    beta = np.array([0.0])
-    lda = np.array([k], np.int32)
-    ldc = np.array([g.shape[1]], np.int32)
-    syrk(
-        uplo.ctypes,
-        trans.ctypes,
-        nn.ctypes,
-        kk.ctypes,
-        alpha.ctypes,
-        ct.ctypes,
-        lda.ctypes,
-        beta.ctypes,
-        g.ctypes,
-        ldc.ctypes,
-    )
+    _syrk(syrk, ord("L"), ord("T"), n, k, 1.0, ct, k, 0.0, g, g.shape[1])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -508,6 +489,35 @@ def zero_lower(a):
     return a
 
 
+@numba.njit(cache=True, nogil=True, fastmath=_REASSOC)
+@no_type_check
+def envelope_solve(u, start, b):
+    # x = (U^T U)^-1 b for the upper factor U in the upper triangle of `u` (C order; its
+    # lower triangle not read) whose column j is zero above row start[j] (the envelope of
+    # `envelope_cholesky`): U^T y = b, then U x = y, both along U's rows and only over
+    # their envelope (LAPACK's potrs reads the whole triangle)
+    n = u.shape[0]
+    end = np.zeros(n, np.int64)  # end[i]: 1 + the last column of row i's envelope
+    for j in range(n):
+        end[start[j]] = max(end[start[j]], j + 1)
+    for i in range(1, n):
+        end[i] = max(end[i], end[i - 1], i + 1)
+    x = b.copy()
+    for i in range(n):
+        row = u[i]
+        xi = x[i] / row[i]
+        x[i] = xi
+        for j in range(i + 1, end[i]):
+            x[j] -= row[j] * xi
+    for i in range(n - 1, -1, -1):
+        row = u[i]
+        acc = x[i]
+        for j in range(i + 1, end[i]):
+            acc -= row[j] * x[j]
+        x[i] = acc / row[i]
+    return x
+
+
 @numba.njit(cache=True, nogil=True)
 @no_type_check
 def add_upper(a, o, b):
@@ -577,23 +587,76 @@ def jacobi_envelope(a, scale, start):
         row[i] *= si * si
 
 
-@numba.njit(cache=True, nogil=True)
-@no_type_check
-def _windows(start, bounds):
-    # each block's window: the smallest start of its rows
-    n_blocks = bounds.shape[0] - 1
-    window = np.empty(n_blocks, np.int64)
-    for b in range(n_blocks):
-        s = bounds[b]
-        for i in range(bounds[b], bounds[b + 1]):
-            s = min(s, start[i])
-        window[b] = s
-    return window
+#: Each level of a block row's early-starting rows (`envelope_cholesky`) is charged this
+#: many multiply-adds more (for its BLAS calls and copies) when the levels are chosen.
+LEVEL_OVERHEAD = 300000
 
 
 @numba.njit(cache=True, nogil=True)
 @no_type_check
-def envelope_cholesky(trsm, syrk, potrf, a, start, bounds):
+def _levels(start, i0, i1, cuts):
+    # For block row [i0, i1) of `envelope_cholesky`: the columns where its levels begin,
+    # ascending, into cuts[:K + 1] (cuts[K] is the window that all rows share; K = 0: one
+    # window, that of the earliest start); returns K and the multiply-adds. Level k solves
+    # the columns [cuts[k], cuts[k + 1]) of the g_k rows that start before cuts[k + 1],
+    # chosen by dynamic programming over the rows' starts for the fewest multiply-adds:
+    # with d = cuts[k + 1] - cuts[k] and e = i0 - cuts[k + 1], g d^2 / 2 + g d e + g^2 d / 2
+    # (+ LEVEL_OVERHEAD) per level, m e^2 / 2 + m^2 e / 2 for the shared window.
+    m = i1 - i0
+    order = np.sort(start[i0:i1])
+    c = np.empty(m + 1, np.int64)  # candidate columns: the distinct starts (< i0), then i0
+    nc = 0
+    for r in range(m):
+        v = min(order[r], i0)
+        if nc == 0 or v != c[nc - 1]:
+            c[nc] = v
+            nc += 1
+    if c[nc - 1] != i0:
+        c[nc] = i0
+        nc += 1
+    below = np.zeros(nc, np.int64)  # rows starting before candidate j
+    r = 0
+    for j in range(nc):
+        while r < m and order[r] < c[j]:
+            r += 1
+        below[j] = r
+    best = np.full(nc, np.inf)  # best[j]: columns [c[0], c[j]) done for the rows before
+    back = np.zeros(nc, np.int64)
+    best[0] = 0.0
+    for j in range(1, nc):
+        e = i0 - c[j]
+        g = below[j]
+        for i in range(j):
+            d = c[j] - c[i]
+            cost = best[i] + g * d * d / 2 + g * d * e + g * g * d / 2 + LEVEL_OVERHEAD
+            if cost < best[j]:
+                best[j] = cost
+                back[j] = i
+    # the shared window at candidate j: total best[j] + m e^2 / 2 + m^2 e / 2 (j = 0: all
+    # rows share the earliest window, no level)
+    j_best = 0
+    total = np.inf
+    for j in range(nc):
+        e = i0 - c[j]
+        cost = best[j] + m * e * e / 2 + m * m * e / 2
+        if cost < total:
+            total = cost
+            j_best = j
+    k = 0
+    j = j_best
+    while j > 0:
+        k += 1
+        j = back[j]
+    j = j_best
+    for q in range(k, -1, -1):
+        cuts[q] = c[j]
+        j = back[j]
+    return k, total
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
+def envelope_cholesky(trsm, syrk, gemm, potrf, a, start, bounds):
     # The Cholesky factor of the symmetric positive-definite matrix whose upper triangle is
     # in `a` (C order), in place: the lower factor L of the Fortran-order view M = a^T
     # (= the upper factor of a), by block rows of M restricted to its envelope. Row i of L
@@ -602,51 +665,114 @@ def envelope_cholesky(trsm, syrk, potrf, a, start, bounds):
     # only needs the window s = min start[I]: L[I, s:i0] = M[I, s:i0] L[s:i0, s:i0]^-T
     # (trsm), then M[I, I] -= L[I, s:i0] L[I, s:i0]^T (syrk) and its own factor (potrf):
     # the dense algorithm's result (the entries outside the envelope stay exact zeros) in
-    # sum_I |I| (i0 - s)^2 / 2 multiply-adds instead of n^3 / 6. Returns LAPACK's info
-    # (0, or the first row at which M is not positive definite, from 1).
+    # sum_I |I| (i0 - s)^2 / 2 multiply-adds instead of n^3 / 6. A few early-starting rows
+    # would widen the whole block's window, so the window is solved in levels (`_levels`):
+    # level k takes the columns [c_k, c_k+1) of the rows W that start before c_k+1, on a
+    # copy (trsm; then gemm for their effect on the columns [c_k+1, i0) and syrk for that
+    # on M[W, W]), and all rows share the last window [c_K, i0) (the other rows' entries
+    # left of it are zeros). Returns LAPACK's info (0, or the first row at which M is not
+    # positive definite, from 1).
     n = a.shape[0]
+    R, L, T, N = ord("R"), ord("L"), ord("T"), ord("N")
     ld = np.array([n], np.int32)
-    one = np.array([1.0])
-    minus_one = np.array([-1.0])
-    ch = np.array([ord("R"), ord("L"), ord("T"), ord("N")], np.uint8)
+    uplo = np.array([L], np.uint8)
     info = np.zeros(1, np.int32)
-    window = _windows(start, bounds)
+    wide = np.empty(n, np.int64)
+    cuts = np.empty(n + 1, np.int64)
     for b in range(bounds.shape[0] - 1):
         i0 = bounds[b]
-        m = np.array([bounds[b + 1] - i0], np.int32)
-        s = window[b]
-        k = np.array([i0 - s], np.int32)
+        i1 = bounds[b + 1]
+        m = np.array([i1 - i0], np.int32)
+        n_levels, _ = _levels(start, i0, i1, cuts)
+        for lv in range(n_levels):
+            # W: the rows that start before cuts[lv + 1] (ascending); x (C order f x g,
+            # the Fortran g x f matrix M[W, c0:i0]), its first d columns solved against
+            # L[c0:c1, c0:c1]
+            c0 = cuts[lv]
+            c1 = cuts[lv + 1]
+            n_w = 0
+            for i in range(i0, i1):
+                if start[i] < c1:
+                    wide[n_w] = i
+                    n_w += 1
+            d = c1 - c0
+            e = i0 - c1
+            x = np.empty((d + e, n_w))
+            for c in range(d + e):
+                src = a[c0 + c]
+                for q in range(n_w):
+                    x[c, q] = src[wide[q]]
+            _trsm(trsm, R, L, T, N, n_w, d, 1.0, a[c0:, c0:], n, x, n_w)
+            if e > 0:
+                # M[W, c1:i0] -= X L[c1:i0, c0:c1]^T (L[c1:i0, c0:c1] starts at a[c0, c1])
+                _gemm(gemm, N, T, n_w, e, d, -1.0, x, n_w, a[c0:, c1:], n, 1.0, x[d:], n_w)
+            # M[W, W] -= X X^T (the lower triangle of the Fortran g x g xx: a's upper
+            # triangle at the rows and columns W)
+            xx = np.empty((n_w, n_w))
+            _syrk(syrk, L, N, n_w, d, 1.0, x, n_w, 0.0, xx, n_w)
+            for q in range(n_w):
+                row = a[wide[q]]
+                for p in range(q, n_w):
+                    row[wide[p]] -= xx[q, p]
+            for c in range(d + e):
+                dst = a[c0 + c]
+                for q in range(n_w):
+                    dst[wide[q]] = x[c, q]
+        s = cuts[n_levels]
         if i0 > s:
             # M[r, c] is a[c, r]: the block M[i0:, s:] starts at a[s, i0] (leading dim n)
-            trsm(
-                ch[0:].ctypes,
-                ch[1:].ctypes,
-                ch[2:].ctypes,
-                ch[3:].ctypes,
-                m.ctypes,
-                k.ctypes,
-                one.ctypes,
-                a[s:, s:].ctypes,
-                ld.ctypes,
-                a[s:, i0:].ctypes,
-                ld.ctypes,
-            )
-            syrk(
-                ch[1:].ctypes,
-                ch[3:].ctypes,
-                m.ctypes,
-                k.ctypes,
-                minus_one.ctypes,
-                a[s:, i0:].ctypes,
-                ld.ctypes,
-                one.ctypes,
-                a[i0:, i0:].ctypes,
-                ld.ctypes,
-            )
-        potrf(ch[1:].ctypes, m.ctypes, a[i0:, i0:].ctypes, ld.ctypes, info.ctypes)
+            _trsm(trsm, R, L, T, N, i1 - i0, i0 - s, 1.0, a[s:, s:], n, a[s:, i0:], n)
+            _syrk(syrk, L, N, i1 - i0, i0 - s, -1.0, a[s:, i0:], n, 1.0, a[i0:, i0:], n)
+        potrf(uplo.ctypes, m.ctypes, a[i0:, i0:].ctypes, ld.ctypes, info.ctypes)
         if info[0] != 0:
             return i0 + info[0]
     return 0
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
+def _trsm(trsm, side, uplo, trans, diag, m, n, alpha, a, lda, b, ldb):
+    # BLAS dtrsm, b <- alpha op(a)^-1 b (side ord("L")) or alpha b op(a)^-1 (ord("R")), `a`
+    # triangular (its `uplo` triangle), on Fortran-order views starting at the given
+    # arrays' first elements
+    dims = np.array([m, n, lda, ldb], np.int32)
+    chars = np.array([side, uplo, trans, diag], np.uint8)
+    coef = np.array([alpha])
+    trsm(
+        chars[0:].ctypes,
+        chars[1:].ctypes,
+        chars[2:].ctypes,
+        chars[3:].ctypes,
+        dims[0:].ctypes,
+        dims[1:].ctypes,
+        coef.ctypes,
+        a.ctypes,
+        dims[2:].ctypes,
+        b.ctypes,
+        dims[3:].ctypes,
+    )
+
+
+@numba.njit(cache=True, nogil=True)
+@no_type_check
+def _syrk(syrk, uplo, trans, n, k, alpha, a, lda, beta, c, ldc):
+    # BLAS dsyrk, c <- alpha op(a) op(a)^T + beta c on c's `uplo` triangle (trans ord("N"):
+    # op(a) = a, n x k), on Fortran-order views starting at the given arrays' first elements
+    dims = np.array([n, k, lda, ldc], np.int32)
+    chars = np.array([uplo, trans], np.uint8)
+    coef = np.array([alpha, beta])
+    syrk(
+        chars[0:].ctypes,
+        chars[1:].ctypes,
+        dims[0:].ctypes,
+        dims[1:].ctypes,
+        coef[0:].ctypes,
+        a.ctypes,
+        dims[2:].ctypes,
+        coef[1:].ctypes,
+        c.ctypes,
+        dims[3:].ctypes,
+    )
 
 
 @numba.njit(cache=True, nogil=True)
@@ -731,7 +857,6 @@ def envelope_inverse(trsm, symm, gemm, trtri, lauum, a, start, bounds):
     n = a.shape[0]
     n_blocks = bounds.shape[0] - 1
     ld = np.array([n], np.int32)
-    one = np.array([1.0])
     ch = np.array([ord("R"), ord("L"), ord("N")], np.uint8)
     info = np.zeros(1, np.int32)
     rows = np.empty(n, np.int64)
@@ -768,20 +893,7 @@ def envelope_inverse(trsm, symm, gemm, trtri, lauum, a, start, bounds):
             # Lh = L[R, J] L_JJ^-1 (L[R, J] = M[R, J]: rows J of `a` at the columns R)
             for c in range(mj):
                 _copy_runs(a[j0 + c], lh[c], runs, n_runs, False)
-            rr = np.array([r], np.int32)
-            trsm(
-                ch[0:].ctypes,
-                ch[1:].ctypes,
-                ch[2:].ctypes,
-                ch[2:].ctypes,
-                rr.ctypes,
-                m.ctypes,
-                one.ctypes,
-                a[j0:, j0:].ctypes,
-                ld.ctypes,
-                lh.ctypes,
-                rr.ctypes,
-            )
+            _trsm(trsm, ord("R"), ord("L"), ord("N"), ord("N"), r, mj, 1.0, a[j0:, j0:], n, lh, r)
             # g (C order |R| x |R|, upper triangle; the Fortran lower one) <- Z[R, R]:
             # g[l, k] = a[R_l, R_k] for k >= l
             g = g_buffer[: r * r].reshape((r, r))
@@ -831,8 +943,10 @@ def envelope_bounds(
     nb = ENVELOPE_BLOCK if nb is None else nb
     bounds = np.unique(np.concatenate([np.arange(0, split, nb), np.arange(split, n, nb), [n]]))
     if max_cost is not None and bounds.shape[0] > 2:
-        window = _windows(start, bounds).astype(np.float64)
-        cost = np.sum(np.diff(bounds) * (bounds[:-1] - window) ** 2) / 2
+        cuts = np.empty(n + 1, np.int64)
+        cost = sum(
+            _levels(start, bounds[b], bounds[b + 1], cuts)[1] for b in range(bounds.shape[0] - 1)
+        )
         if cost > max_cost * n**3 / 6:
             bounds = np.array([0, n])
     return bounds.astype(np.int64)
@@ -847,7 +961,7 @@ def cholesky_envelope(a, scale, start=None, split=None, nb=None):
     start = np.arange(n) if start is None else start
     jacobi_envelope(a, scale, start)
     bounds = envelope_bounds(start, split, nb)
-    return envelope_cholesky(_TRSM, _SYRK, _POTRF, a, start, bounds)
+    return envelope_cholesky(_TRSM, _SYRK, _GEMM, _POTRF, a, start, bounds)
 
 
 def inverse_envelope(u, start, split=None, nb=None):
