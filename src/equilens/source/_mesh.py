@@ -92,13 +92,14 @@ class RectangularMesh(AbstractMesh):
             x0, x1, y0, y1 = (jnp.asarray(b, dtype=x.dtype) for b in self.bounds)
         tx = jnp.linspace(0.0, 1.0, nx, dtype=x.dtype)
         ty = jnp.linspace(0.0, 1.0, ny, dtype=x.dtype)
-        return RectilinearGeometry(xs=x0 + (x1 - x0) * tx, ys=y0 + (y1 - y0) * ty)
+        return RectilinearGeometry(xs=x0 + (x1 - x0) * tx, ys=y0 + (y1 - y0) * ty, uniform=True)
 
     def placeholder(self) -> RectilinearGeometry:
         dtype = jnp.result_type(float)
         return RectilinearGeometry(
             xs=jnp.linspace(0.0, 1.0, self.shape[1], dtype=dtype),
             ys=jnp.linspace(0.0, 1.0, self.shape[0], dtype=dtype),
+            uniform=True,
         )
 
 
