@@ -1,6 +1,7 @@
 """Pixelized sources: the inversion and log-evidence against an independent dense NumPy
 implementation, round-off reconstruction, gradients, evidence scans and bad input."""
 
+import dataclasses
 import math
 
 import equinox as eqx
@@ -568,6 +569,50 @@ def test_rectangular_mesh_keeps_its_edge_rays_to_round_off():
     py = jnp.asarray([0.6 + 2 * eps, -0.5, 0.3, -0.5 - 1e-4])
     _, w = geometry.interpolation(px, py)
     assert np.allclose(np.asarray(w.sum(axis=1)), [1.0, 1.0, 0.0, 0.0])
+
+
+def test_uniform_rectangular_cells_match_the_searched_ones():
+    # a RectangularMesh's geometry finds cells arithmetically (uniform=True): the same
+    # interpolated values as the searched cells of the same edges, at nodes, edges,
+    # outside points and NaN, and the same gradient with respect to the points and to
+    # the bounds the edges are made from
+    geometry = el.RectangularMesh((7, 9)).geometry(
+        _lens(), jnp.asarray([-0.73, 1.1]), jnp.asarray([-0.41, 0.66])
+    )
+    assert geometry.uniform
+    rng = np.random.default_rng(3)
+    nodes = geometry.nodes()
+    px = jnp.concatenate(
+        [jnp.asarray(rng.uniform(-0.8, 1.2, 400)), nodes[:, 0], jnp.asarray([2.0, jnp.nan])]
+    )
+    py = jnp.concatenate(
+        [jnp.asarray(rng.uniform(-0.5, 0.7, 400)), nodes[:, 1], jnp.asarray([0.0, 0.1])]
+    )
+    values = jnp.asarray(rng.normal(size=geometry.n_pixels))
+
+    def interpolated(g, x, y):
+        idx, w = g.interpolation(x, y)
+        return jnp.sum(w * values[idx], axis=1)
+
+    searched = dataclasses.replace(geometry, uniform=False)
+    fast, slow = interpolated(geometry, px, py), interpolated(searched, px, py)
+    finite = np.isfinite(np.asarray(px))
+    tol = 1e-13 if X64 else 1e-5
+    assert np.allclose(np.asarray(fast)[finite], np.asarray(slow)[finite], rtol=0, atol=tol)
+    assert np.allclose(np.asarray(fast)[400:-2], np.asarray(values), atol=tol)
+    assert float(fast[-2]) == 0.0
+
+    def chi(x, y, uniform):
+        # the mesh's bounds from the points themselves, as in a fit
+        g = el.RectangularMesh((7, 9)).geometry(_lens(), x, y)
+        g = dataclasses.replace(g, uniform=uniform)
+        return jnp.sum(interpolated(g, x, y) ** 2)
+
+    gx, gy = px[:400], py[:400]
+    d_fast = jax.grad(chi, argnums=(0, 1))(gx, gy, True)
+    d_slow = jax.grad(chi, argnums=(0, 1))(gx, gy, False)
+    for f, s in zip(d_fast, d_slow, strict=True):
+        assert rel_err(np.asarray(f), np.asarray(s)) < (1e-10 if X64 else 1e-3)
 
 
 def test_completed_system_renders_the_inverted_model(dataset):
