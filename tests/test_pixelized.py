@@ -580,6 +580,10 @@ def test_uniform_rectangular_cells_match_the_searched_ones():
         _lens(), jnp.asarray([-0.73, 1.1]), jnp.asarray([-0.41, 0.66])
     )
     assert geometry.uniform
+    # a mesh's placeholder (an unsolved source's) has the structure of its solved geometry
+    for mesh in (el.RectangularMesh((7, 9)), el.AdaptiveRectangularMesh((7, 9))):
+        solved = mesh.geometry(_lens(), jnp.asarray([-0.73, 1.1]), jnp.asarray([-0.41, 0.66]))
+        assert jax.tree.structure(mesh.placeholder()) == jax.tree.structure(solved)
     rng = np.random.default_rng(3)
     nodes = geometry.nodes()
     px = jnp.concatenate(

@@ -130,7 +130,9 @@ class AdaptiveRectangularMesh(AbstractMesh):
         return RectilinearGeometry(xs=jnp.quantile(x, qx), ys=jnp.quantile(y, qy))
 
     def placeholder(self) -> RectilinearGeometry:
-        return RectangularMesh(self.shape).placeholder()
+        # (not marked uniform: the same structure as the geometry of a solved model)
+        even = RectangularMesh(self.shape).placeholder()
+        return RectilinearGeometry(xs=even.xs, ys=even.ys)
 
 
 class DelaunayMesh(AbstractMesh):
