@@ -978,8 +978,8 @@ def test_sparse_reverse_pass_from_kept_blocks_matches_rebuilding_them(n_threads)
     n_s, arrays = _random_tile_inputs()
     idx, w, values, inv_sigma, *tables = arrays
     f0, f1 = np.empty((n_s, n_s)), np.empty((n_s, n_s))
-    e0, first0, none = kernels.forward_into(n_threads, f0, 0, n_s, *arrays)
-    e1, first1, kept = kernels.forward_into(n_threads, f1, 0, n_s, *arrays, keep=True)
+    e0, first0, nonzero0, none = kernels.forward_into(n_threads, f0, 0, n_s, *arrays)
+    e1, first1, nonzero1, kept = kernels.forward_into(n_threads, f1, 0, n_s, *arrays, keep=True)
     assert all(b.shape[0] == 0 for b in none)
     ptr, members, rows = kept
     assert ptr.shape == (tables[0].shape[0] + 1,) and rows.shape == (ptr[-1], 16)
@@ -987,7 +987,13 @@ def test_sparse_reverse_pass_from_kept_blocks_matches_rebuilding_them(n_threads)
         assert np.all(np.diff(members[ptr[t] : ptr[t + 1]]) > 0)
     assert members.min() >= 0 and members.max() < n_s
     assert rel_err(np.triu(f1), np.triu(f0)) < 1e-14 and rel_err(e1, e0) < 1e-14
-    assert np.array_equal(first0, first1)
+    assert np.array_equal(first0, first1) and np.array_equal(nonzero0, nonzero1)
+    # the envelope: each column's first non-zero row of F's upper triangle (the diagonal
+    # for a column without any), inside the structure
+    upper = np.triu(f0) != 0.0
+    cols = np.arange(n_s)
+    assert np.array_equal(nonzero0, np.where(upper.any(axis=0), np.argmax(upper, axis=0), cols))
+    assert np.all(nonzero0 >= first0) and np.any(nonzero0 < cols)
     rng = np.random.default_rng(3)
     z = rng.normal(size=(n_s, n_s))
     scale, b_bar, x = rng.uniform(0.5, 2.0, n_s), rng.normal(size=n_s), rng.normal(size=n_s)

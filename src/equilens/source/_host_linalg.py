@@ -55,11 +55,14 @@ def _factor(
     start: np.ndarray | None = None,
     split: int | None = None,
     triangular: bool = True,
+    scaled: bool = True,
 ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     """The upper Cholesky factor of the Jacobi-scaled `S a S` (`S = diag(scale)`,
     `scale = 1 / sqrt(diag a)`) of a symmetric C-order float64 `a`, in place, `scale` and
     the envelope's first rows per column (from `start`, the structure's, when given); the
-    factor is None if `a` is not positive definite. (The memory of `a` is the
+    factor is None if `a` is not positive definite. Without `scaled`, `a` itself is
+    factored (`scale` is ones) on the envelope `start`, which must then hold every
+    non-zero of its upper triangle (nothing is scanned). (The memory of `a` is the
     Fortran-order `a^T = a`, whose lower factor `L` is `U^T`.) Only the envelope of the
     upper triangle is factored (`_sparse_kernels.envelope_cholesky`: the same factor, in
     a fraction of the dense flops when the rows' non-zeros start near the diagonal), in
@@ -69,9 +72,10 @@ def _factor(
     from ._sparse_kernels import cholesky_envelope, zero_lower
 
     n = a.shape[0]
-    scale = np.empty(n)
+    scale = np.empty(n) if scaled else None
     start = np.arange(n) if start is None else start
     info = cholesky_envelope(a, scale, start, split)
+    scale = np.ones(n) if scale is None else scale
     if info != 0:
         return None, scale, start
     return (zero_lower(a) if triangular else a), scale, start
@@ -90,12 +94,13 @@ def _solve_factored(
     start: np.ndarray | None = None,
     split: int | None = None,
     triangular: bool = True,
+    scaled: bool = True,
 ):
     """`x = a^-1 b`, `log det a`, the factor, scale and envelope of `_factor` (`a` C-order
     float64, overwritten; `b` float64); NaN `x` and log det and a None factor when `a` is
     not positive definite."""
     with blas_threads(LAPACK_THREADS):
-        u, scale, start = _factor(a, start, split, triangular)
+        u, scale, start = _factor(a, start, split, triangular, scaled)
     if u is None:
         return np.full(b.shape[0], np.nan), np.nan, None, scale, start
     logdet = 2.0 * (np.sum(np.log(np.diagonal(u))) - np.sum(np.log(scale)))
@@ -222,16 +227,17 @@ def _system_solved(
         idx, w, values, inv_sigma, rows, cols, reg, gram, rhs, *tables
     )
     a = np.empty((n, n))
-    e, first, blocks = run_kernel(
+    e, first, nonzero, blocks = run_kernel(
         "forward_into", a, 0, n_s, idx, w, values, inv_sigma, *tables, keep=keep
     )
     from ._sparse_kernels import add_entries, add_upper
 
-    # the factor's envelope: the non-zeros of F + reg (and the entries of a sparse reg,
-    # whatever their values), the linear rows dense
-    start = np.concatenate([np.arange(n_s), np.zeros(o, np.int64)])
+    # the factor's envelope: the non-zeros of F (from its tile blocks) + reg (the entries
+    # of a sparse reg, whatever their values; a dense reg's are scanned), the linear rows
+    # dense
+    start = np.concatenate([nonzero, np.zeros(o, np.int64)])
     if reg.ndim == 2:
-        add_upper(a, 0, reg)
+        add_upper(a, 0, reg, start)
     else:
         _check_pattern(rows, cols, n_s)
         add_entries(a, start, rows, cols, reg)
@@ -242,7 +248,11 @@ def _system_solved(
         x, logdet, u, scale = np.full(n, np.nan), np.nan, None, np.ones(n)
     else:
         # (the factor stays on the host, where only its upper triangle is read)
-        x, logdet, u, scale, start = _solve_factored(a, b, start, n_s, triangular=False)
+        # (not Jacobi-scaled: Cholesky's rounding errors do not depend on a diagonal
+        # scaling, and the envelope is known, so `a` is not read once more)
+        x, logdet, u, scale, start = _solve_factored(
+            a, b, start, n_s, triangular=False, scaled=False
+        )
     # the selected inverse's (for the reverse-mode rule): that and F's structure (every
     # pair of source pixels that share a tile: the entries the backward kernel reads, some
     # of which can be zero in F)

@@ -61,21 +61,26 @@ def symm_upper(symm, g, b, c):
 def tile_members(t, idx, input_ptr, input_pixel, local, members):
     # S, the source pixels that tile t's inputs map to, ascending (so that the scatters
     # into F walk its rows in order), into members[:n_local]; local[a] <- a's position in
-    # S (callers set it back to -1)
+    # S (callers set it back to -1). Marked, then collected by a scan over their range (a
+    # tile's source pixels lie close together on the mesh: cheaper than sorting them).
     k = idx.shape[1]
     n_s = local.shape[0]
-    n_local = 0
+    lo = n_s
+    hi = -1
     for j in range(input_ptr[t], input_ptr[t + 1]):
         p = input_pixel[j]
         for i in range(k):
             a = idx[p, i]
-            if a >= 0 and a < n_s and local[a] < 0:
+            if a >= 0 and a < n_s:
                 local[a] = 0
-                members[n_local] = a
-                n_local += 1
-    members[:n_local].sort()
-    for r in range(n_local):
-        local[members[r]] = r
+                lo = min(lo, a)
+                hi = max(hi, a)
+    n_local = 0
+    for a in range(lo, hi + 1):
+        if local[a] == 0:
+            local[a] = n_local
+            members[n_local] = a
+            n_local += 1
     return n_local
 
 
@@ -148,7 +153,7 @@ def _accumulators(n: int, n_s: int) -> np.ndarray:
 def forward(n_threads, n_s, *arrays):
     """`F = C^T C` and `E = C^T V` (see `equilens.source._sparse`)."""
     out = np.empty((n_s, n_s))
-    e, _, _ = forward_into(n_threads, out, 0, n_s, *arrays)
+    e, _, _, _ = forward_into(n_threads, out, 0, n_s, *arrays)
     mirror_upper(out)
     return out, e
 
@@ -157,15 +162,17 @@ def forward_into(n_threads, out, o, n_s, *arrays, keep=False):
     """The upper triangle of `F` (`n_s x n_s`) into `out[o:o + n_s, o:o + n_s]` (`out`
     square, C order; nothing else of it is written), `E`, `F`'s structure (for each
     source pixel `j`, the smallest source pixel that shares a tile with it: `F[i, j]` is
-    structurally zero above that row; an entry can still be zero inside it) and, with
-    `keep`, the tile blocks for the reverse pass (`backward_inverse`): `(ptr, members,
+    structurally zero above that row; an entry can still be zero inside it), its envelope
+    (for each `j`, the smallest `i` with a non-zero `C_t C_t^T` entry at `(i, j)` in some
+    tile `t`: `F[i, j]` is exactly zero above that row; no later than the structure's) and,
+    with `keep`, the tile blocks for the reverse pass (`backward_inverse`): `(ptr, members,
     rows)`, tile `t`'s block `C[tile, S]` in `rows[ptr[t]:ptr[t + 1]]` and its source
     pixels `S` in `members[ptr[t]:ptr[t + 1]]` (without, three empty arrays)."""
     n_tiles = arrays[4].shape[0]
     n_chunks = max(1, min(n_threads, n_tiles, 1 + ACCUMULATOR_BYTES // (8 * n_s * n_s)))
     parts = _accumulators(n_chunks - 1, n_s)
-    e, first, *blocks = _forward(n_chunks, _SYRK, parts, out, o, n_s, keep, *arrays)
-    return e, first, tuple(blocks)
+    e, first, nonzero, *blocks = _forward(n_chunks, _SYRK, parts, out, o, n_s, keep, *arrays)
+    return e, first, nonzero, tuple(blocks)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -228,6 +235,7 @@ def _forward(
     kept_members = np.empty(n_kept, np.int64)
     e_parts = np.zeros((n_chunks, n_s, m))
     first_parts = np.empty((n_chunks, n_s), np.int64)
+    nonzero_parts = np.empty((n_chunks, n_s), np.int64)
     for c in numba.prange(n_chunks):
         f = out if c == 0 else parts[c - 1]
         d = o if c == 0 else 0
@@ -239,8 +247,10 @@ def _forward(
         vt = np.empty((t2, m))
         e = e_parts[c]
         first = first_parts[c]
+        nonzero = nonzero_parts[c]
         for j in range(n_s):
             first[j] = j
+            nonzero[j] = j
         for t in range(c * n_tiles // n_chunks, (c + 1) * n_tiles // n_chunks):
             n_local = count[t]
             if n_local == 0:
@@ -266,6 +276,14 @@ def _forward(
                 gb = g[b]
                 for a in range(b, n_local):
                     row[d + members[a]] += gb[a]
+            # the envelope: in each column of g, the first non-zero (few rows down, most
+            # often none: the members' rows overlap within the tile)
+            for a in range(n_local):
+                b = 0
+                while b < a and g[b, a] == 0.0:
+                    b += 1
+                ma = members[a]
+                nonzero[ma] = min(nonzero[ma], members[b])
             m0 = members[0]
             for a in range(n_local):
                 ma = members[a]
@@ -275,6 +293,7 @@ def _forward(
                 first[ma] = min(first[ma], m0)
     e = e_parts[0]
     first = first_parts[0]
+    nonzero = nonzero_parts[0]
     if n_chunks > 1:
         # rows h and n_s - 1 - h together: balanced halves of the upper triangle
         for h in numba.prange((n_s + 1) // 2):
@@ -288,7 +307,8 @@ def _forward(
             e += e_parts[c]
             for j in range(n_s):
                 first[j] = min(first[j], first_parts[c, j])
-    return e, first, ptr, kept_members, kept
+                nonzero[j] = min(nonzero[j], nonzero_parts[c, j])
+    return e, first, nonzero, ptr, kept_members, kept
 
 
 @numba.njit(cache=True, nogil=True)
@@ -520,13 +540,17 @@ def envelope_solve(u, start, b):
 
 @numba.njit(cache=True, nogil=True)
 @no_type_check
-def add_upper(a, o, b):
-    # the upper triangle of a[o:, o:] += that of b
+def add_upper(a, o, b, start):
+    # the upper triangle of a[o:, o:] += that of b, and start[o + j] <- min(start[o + j],
+    # o + i) for each non-zero b[i, j], i <= j (the envelope holds b's non-zeros)
     for i in range(b.shape[0]):
         row = a[o + i]
         src = b[i]
         for j in range(i, b.shape[0]):
-            row[o + j] += src[j]
+            v = src[j]
+            row[o + j] += v
+            if v != 0.0 and start[o + j] > o + i:
+                start[o + j] = o + i
 
 
 @numba.njit(cache=True, nogil=True)
@@ -956,10 +980,13 @@ def cholesky_envelope(a, scale, start=None, split=None, nb=None):
     """`jacobi_envelope` (from `start`, the rows of the structure's first non-zeros per
     column, or the diagonal; updated in place) and the Cholesky factor (upper, of the
     C-order `a`; its lower triangle untouched) by `envelope_cholesky` on
-    `envelope_bounds`; LAPACK's info."""
+    `envelope_bounds`; LAPACK's info. With `scale` None, `a` is neither scaled nor
+    scanned: `start` must then hold its envelope (no non-zero of the upper triangle above
+    `start[j]` in column `j`)."""
     n = a.shape[0]
     start = np.arange(n) if start is None else start
-    jacobi_envelope(a, scale, start)
+    if scale is not None:
+        jacobi_envelope(a, scale, start)
     bounds = envelope_bounds(start, split, nb)
     return envelope_cholesky(_TRSM, _SYRK, _GEMM, _POTRF, a, start, bounds)
 
