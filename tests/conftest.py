@@ -6,6 +6,15 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 import jax
 import pytest
 
+# Numba's on-disk cache is not safe for processes that compile the same functions at the
+# same time (numba/numba#10128: a cached wrapper can be paired with a kernel from another
+# compilation): each pytest-xdist worker keeps its own, set before Numba is imported.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER and "NUMBA_CACHE_DIR" not in os.environ:
+    os.environ["NUMBA_CACHE_DIR"] = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".numba-cache", _WORKER
+    )
+
 X64 = os.environ.get("EQUILENS_TEST_X64", "1") != "0"
 jax.config.update("jax_enable_x64", X64)
 jax.config.update("jax_numpy_dtype_promotion", "strict")

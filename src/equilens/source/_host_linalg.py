@@ -13,7 +13,9 @@ det, and a zero cotangent (callers mask the NaN evidence). LAPACK runs on at mos
 `LAPACK_THREADS` BLAS threads (`equilens.source._sparse`).
 
 `sparse_system_solve` does the same for the sparse route's whole system (curvature matrix
-from the tile kernels, regularization, linear light) in one host call; its reverse-mode
+from the tile kernels, regularization, linear light) in one host call, without the scaling
+(Cholesky's backward error does not depend on a diagonal scaling) on the envelope that the
+tile kernels found (the matrix is not scanned for it); its reverse-mode
 rule forms `a^-1` only on the factor's envelope (a selected inverse,
 `_sparse_kernels.envelope_inverse`), which holds every entry its cotangents read, from the
 factor that the forward call left on the host with its tile blocks of `C` (`_FactorStore`;

@@ -226,6 +226,10 @@ def _forward(
     n_tiles, t2 = tile_rows.shape
     m = values.shape[1]
     bound, found, count = _tile_sets(n_chunks, n_s, idx, input_ptr, input_pixel)
+    most = 0  # the largest S (the scratch blocks' size: allocated once per chunk, as a
+    # fresh block per tile could be fresh pages too)
+    for t in range(n_tiles):
+        most = max(most, count[t])
     ptr = np.zeros(n_tiles + 1 if keep else 0, np.int64)
     if keep:
         for t in range(n_tiles):
@@ -242,7 +246,8 @@ def _forward(
         for i in range(d, d + n_s):
             f[i, i : d + n_s] = 0.0
         local = np.full(n_s, -1, dtype=np.int64)
-        scratch = np.empty((0 if keep else n_s, t2))
+        scratch = np.empty((0 if keep else most, t2))
+        g_scratch = np.empty(most * most)
         sig = np.empty(t2)
         vt = np.empty((t2, m))
         e = e_parts[c]
@@ -267,7 +272,7 @@ def _forward(
             fill_block(
                 t, idx, w, input_ptr, input_pixel, input_offset, psf, psf_span, local, sig, ct
             )
-            g = np.empty((n_local, n_local))
+            g = g_scratch[: n_local * n_local].reshape((n_local, n_local))
             syrk_upper(syrk, ct, g)
             ev = np.dot(ct, vt)
             # F's upper triangle (members ascending: F[mb, ma] with mb <= ma)
@@ -383,12 +388,22 @@ def _backward_inverse(
     v_bar = np.zeros(values.shape)
     n_chunks = max(1, min(n_threads, n_tiles))
     w_parts = np.zeros((n_chunks, w.shape[0], k))
+    most = n_s  # the largest S (known when the blocks are kept): the scratch's size
+    if cached:
+        most = 0
+        for t in range(n_tiles):
+            most = max(most, ptr[t + 1] - ptr[t])
     for c in numba.prange(n_chunks):
         local = np.full(n_s, -1, dtype=np.int64)
         scratch_members = np.empty(0 if cached else n_s, dtype=np.int64)
         block = np.empty((0 if cached else n_s, t2))
         sig = np.empty(t2)
         vt = np.empty((t2, m))
+        # (per-tile scratch, allocated once: fresh blocks per tile could be fresh pages)
+        g_scratch = np.empty(most * most)
+        cs_scratch = np.empty((most, t2))
+        dc_scratch = np.empty((most, t2))
+        el_scratch = np.empty((most, m))
         wb = w_parts[c]
         for t in range(c * n_tiles // n_chunks, (c + 1) * n_tiles // n_chunks):
             if cached:
@@ -411,9 +426,9 @@ def _backward_inverse(
             # (Fbar + Fbar^T)[S, S] = 2 l_bar S Z[S, S] S - b_bar x^T - x b_bar^T: Z[S, S]
             # gathered from the upper triangle (one read per pair), the scales applied to
             # C's rows, the rank-two part as two vectors
-            g = np.empty((n_local, n_local))
-            cs = np.empty((n_local, t2))
-            el = np.empty((n_local, m))
+            g = g_scratch[: n_local * n_local].reshape((n_local, n_local))
+            cs = cs_scratch[:n_local]
+            el = el_scratch[:n_local]
             xc = np.zeros(t2)
             bc = np.zeros(t2)
             for a in range(n_local):
@@ -434,7 +449,7 @@ def _backward_inverse(
                     el[a, q] = e_bar[members[a], q]
             # dC (n_local x t2) = (Fbar + Fbar^T)[S, S] C + Ebar[S] V^T, each column times
             # the tile's inverse noise
-            dc = np.empty((n_local, t2))
+            dc = dc_scratch[:n_local]
             symm_upper(symm, g, cs, dc)
             for a in range(n_local):
                 za = o + members[a]
