@@ -967,6 +967,44 @@ def test_sparse_kernels_give_the_same_sums_in_any_number_of_chunks(monkeypatch, 
         assert rel_err(vn, v1) < 1e-13
 
 
+@pytest.mark.x64_only
+def test_host_system_envelope_is_narrower_than_the_tiles_structure():
+    # a point PSF and one source pixel per mapped pixel: F is diagonal, although the 16
+    # pixels of a 4x4 tile share its structure. The host solve factors F + H on F's own
+    # envelope widened by a dense H's non-zeros (here the neighbours in pixel order,
+    # outside F's envelope): it must give the dense solution and log det
+    from equilens.source._host_linalg import sparse_system_solve
+    from equilens.source._sparse import _kernels, sparse_tables, table_arrays
+
+    rng = np.random.default_rng(11)
+    n = 144
+    pixels = np.arange(n)
+    tables = sparse_tables(np.ones((1, 1)), (12, 12), pixels, pixels, tile=4)
+    idx = pixels[:, None]
+    w = rng.uniform(0.5, 1.5, (n, 1))
+    values = rng.normal(size=(n, 1))
+    inv_sigma = rng.uniform(0.5, 2.0, n)
+    arrays = [np.asarray(a) for a in (idx, w, values, inv_sigma, *table_arrays(tables))]
+    f = np.empty((n, n))
+    e, first, nonzero, _ = _kernels().forward_into(1, f, 0, n, *arrays)
+    cols = np.arange(n)
+    assert np.array_equal(nonzero, cols) and np.any(first < cols)
+    np.testing.assert_allclose(np.diagonal(f), (w[:, 0] * inv_sigma) ** 2, rtol=1e-14)
+    np.testing.assert_allclose(e[:, 0], w[:, 0] * inv_sigma * values[:, 0], rtol=1e-14)
+    assert np.array_equal(np.triu(f, 1), np.zeros((n, n)))
+    reg = 0.3 * (2.0 * np.eye(n) - np.eye(n, k=1) - np.eye(n, k=-1))
+    x, logdet = sparse_system_solve(
+        *(jnp.asarray(v) for v in (idx, w, values, inv_sigma, reg)),
+        jnp.zeros((0, 0)),
+        jnp.zeros(0),
+        tables,
+    )
+    a = np.diag((w[:, 0] * inv_sigma) ** 2) + reg
+    b = w[:, 0] * inv_sigma * values[:, 0]
+    assert rel_err(np.asarray(x), np.linalg.solve(a, b)) < 1e-12
+    assert float(logdet) == pytest.approx(np.linalg.slogdet(a)[1], rel=1e-12)
+
+
 @pytest.mark.parametrize("n_threads", [1, 3])
 def test_sparse_reverse_pass_from_kept_blocks_matches_rebuilding_them(n_threads):
     # the forward kernel may keep its tile blocks for the reverse pass: the same F, E and

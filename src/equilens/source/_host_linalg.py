@@ -250,7 +250,7 @@ def _system_solved(
         x, logdet, u, scale = np.full(n, np.nan), np.nan, None, np.ones(n)
     else:
         # (the factor stays on the host, where only its upper triangle is read)
-        # (not Jacobi-scaled: Cholesky's rounding errors do not depend on a diagonal
+        # (not Jacobi-scaled: Cholesky's backward error does not depend on a diagonal
         # scaling, and the envelope is known, so `a` is not read once more)
         x, logdet, u, scale, start = _solve_factored(
             a, b, start, n_s, triangular=False, scaled=False

@@ -281,8 +281,8 @@ def _forward(
                 gb = g[b]
                 for a in range(b, n_local):
                     row[d + members[a]] += gb[a]
-            # the envelope: in each column of g, the first non-zero (few rows down, most
-            # often none: the members' rows overlap within the tile)
+            # the envelope: in each column of g, the first non-zero (most often the first
+            # row: the members' rows of C overlap within the tile)
             for a in range(n_local):
                 b = 0
                 while b < a and g[b, a] == 0.0:
