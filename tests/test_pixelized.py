@@ -900,8 +900,9 @@ def test_batched_evidence_fits_run_for_every_mesh_kind():
             assert np.all(np.abs(theta - 1.0) < 0.01), theta
 
 
-def _random_tile_inputs(n_s=60, shape=(30, 26), k=4, m=2):
-    """Random interpolation arrays and tables of the sparse route on an irregular mask."""
+def _random_tile_inputs(n_s=60, shape=(30, 26), k=4, m=2, geometry=False):
+    """Random interpolation arrays and tables of the sparse route on an irregular mask
+    (with `geometry`, also the kernel, mask pixels and mapped pixels)."""
     from equilens.source._sparse import sparse_tables
 
     rng = np.random.default_rng(7)
@@ -911,9 +912,12 @@ def _random_tile_inputs(n_s=60, shape=(30, 26), k=4, m=2):
     pixels = np.flatnonzero(mask)
     mapped = np.flatnonzero(scipy.ndimage.binary_dilation(mask, iterations=3))
     kernel = rng.uniform(0.1, 1.0, (7, 5))
+    kernel[0, :2] = 0.0  # columns with shorter spans
     tables = sparse_tables(kernel, shape, pixels, mapped, tile=4)
+    # (repeated pixels within a row, and entries outside the mesh on both sides)
     idx = rng.integers(0, n_s, (mapped.shape[0], k))
-    idx[rng.uniform(size=idx.shape) < 0.1] = -1  # outside the mesh
+    idx[rng.uniform(size=idx.shape) < 0.1] = -1
+    idx[rng.uniform(size=idx.shape) < 0.05] = n_s
     w = rng.uniform(0.0, 1.0, idx.shape)
     values = rng.normal(size=(pixels.shape[0], m))
     inv_sigma = rng.uniform(0.5, 2.0, pixels.shape[0])
@@ -932,7 +936,35 @@ def _random_tile_inputs(n_s=60, shape=(30, 26), k=4, m=2):
             tables.psf_span,
         )
     ]
+    if geometry:
+        return n_s, arrays, (kernel, pixels, mapped)
     return n_s, arrays
+
+
+@pytest.mark.parametrize("k", [1, 3, 4, 6])
+def test_sparse_forward_kernel_matches_a_dense_construction(k):
+    # F = C^T C and E = C^T V with C = diag(1 / sigma) B M built densely: B the blur from
+    # mapped to mask pixels (out(r) = sum_q kernel(r - q + h) in(q)), M the interpolation
+    # (entries outside the mesh dropped, repeated pixels summed), for each number of
+    # weights per pixel (the four- and three-weight passes and the general one)
+    from equilens.source._sparse import _kernels
+
+    n_s, arrays, (kernel, pixels, mapped) = _random_tile_inputs(k=k, geometry=True)
+    idx, w, values, inv_sigma = arrays[:4]
+    nx = 26
+    hy, hx = kernel.shape[0] // 2, kernel.shape[1] // 2
+    dy = pixels[:, None] // nx - mapped[None, :] // nx + hy
+    dx = pixels[:, None] % nx - mapped[None, :] % nx + hx
+    inside = (dy >= 0) & (dy < kernel.shape[0]) & (dx >= 0) & (dx < kernel.shape[1])
+    blur = np.where(inside, kernel[np.clip(dy, 0, hy * 2), np.clip(dx, 0, hx * 2)], 0.0)
+    interp = np.zeros((mapped.shape[0], n_s))
+    for i in range(k):
+        ok = (idx[:, i] >= 0) & (idx[:, i] < n_s)
+        np.add.at(interp, (np.flatnonzero(ok), idx[ok, i]), w[ok, i])
+    c = inv_sigma[:, None] * (blur @ interp)
+    f, e = _kernels().forward(1, n_s, *arrays)
+    assert rel_err(f, c.T @ c) < 1e-13
+    assert rel_err(e, c.T @ values) < 1e-13
 
 
 @pytest.mark.parametrize("cap", [None, 1])
