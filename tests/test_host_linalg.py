@@ -207,6 +207,46 @@ def test_envelope_solve_matches_numpy(split):
     assert rel_err(x, np.linalg.solve(a, b)) < 1e-11
 
 
+@pytest.mark.parametrize("case", ["levels", "split", "dense"])
+def test_unscaled_solve_with_the_forward_half_in_the_factorisation(case):
+    # the sparse route's solve: a not scaled, its exact envelope given, U^T y = b solved
+    # block row by block row inside the factorisation (in the levels, the shared windows
+    # and the diagonal blocks; on one dense block when the envelope is too wide), then
+    # U x = y: x and log det as NumPy's
+    from equilens.source import _sparse_kernels as kernels
+    from equilens.source._host_linalg import _factor, _solve_factored
+
+    n = 500
+    split = 420 if case == "split" else None
+    a = _banded_with_wide_rows(n, seed=4) if case != "dense" else _envelope_spd(n, seed=4)
+    if case == "dense":
+        a += np.outer(np.ones(n), np.ones(n))  # no zero left in the upper triangle
+    if split is not None:
+        c = 0.05 * np.random.default_rng(2).normal(size=(n - split, split))
+        a[split:, :split] = c
+        a[:split, split:] = c.T
+        a[split:, split:] += 50.0 * np.eye(n - split)
+    nonzero = np.triu(a) != 0.0
+    start = np.argmax(nonzero, axis=0)  # each column's first non-zero row
+    bounds = kernels.envelope_bounds(start, split)
+    if case == "levels":
+        cuts = np.empty(n + 1, np.int64)
+        assert any(
+            kernels._levels(start, bounds[i], bounds[i + 1], cuts)[0] > 0
+            for i in range(len(bounds) - 1)
+        )
+    assert (len(bounds) == 2) == (case == "dense")
+    b = np.random.default_rng(3).normal(size=n)
+    work = np.triu(a)
+    work[np.tril_indices(n, -1)] = np.nan  # (never read)
+    x, logdet, u, _, _ = _solve_factored(work, b, start, split, triangular=False, scaled=False)
+    assert u is not None
+    assert rel_err(x, np.linalg.solve(a, b)) < 1e-11
+    assert logdet == pytest.approx(np.linalg.slogdet(a)[1], rel=1e-12)
+    with pytest.raises(ValueError, match="unscaled"):
+        _factor(np.triu(a), start, split, scaled=True, y=b.copy())
+
+
 @pytest.mark.parametrize("nb", [4, 64])
 def test_envelope_cholesky_reports_where_positive_definiteness_fails(nb):
     from equilens.source._sparse import _kernels

@@ -58,6 +58,7 @@ def _factor(
     split: int | None = None,
     triangular: bool = True,
     scaled: bool = True,
+    y: np.ndarray | None = None,
 ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     """The upper Cholesky factor of the Jacobi-scaled `S a S` (`S = diag(scale)`,
     `scale = 1 / sqrt(diag a)`) of a symmetric C-order float64 `a`, in place, `scale` and
@@ -70,24 +71,32 @@ def _factor(
     a fraction of the dense flops when the rows' non-zeros start near the diagonal), in
     blocks that begin again at `split` (the dense linear-light rows). With `triangular`,
     the strict lower triangle is zeroed (the factor goes to JAX); without, it is left as
-    it was (the host's own solves and inverses read the upper triangle only)."""
+    it was (the host's own solves and inverses read the upper triangle only). With `y`
+    (float64, length n; only without `scaled`), also `U^T y' = y` in place (the forward
+    half of a solve, done while the factor's rows are still in cache; `_envelope_solve`
+    with `forward=False` finishes it)."""
     from ._sparse_kernels import cholesky_envelope, zero_lower
 
+    if scaled and y is not None:
+        raise ValueError("_factor solves y only for an unscaled a")
     n = a.shape[0]
     scale = np.empty(n) if scaled else None
     start = np.arange(n) if start is None else start
-    info = cholesky_envelope(a, scale, start, split)
+    info = cholesky_envelope(a, scale, start, split, y=y)
     scale = np.ones(n) if scale is None else scale
     if info != 0:
         return None, scale, start
     return (zero_lower(a) if triangular else a), scale, start
 
 
-def _envelope_solve(u: np.ndarray, scale: np.ndarray, b: np.ndarray, start: np.ndarray):
-    """`a^-1 b` from the factor `u` of `S a S` (`_factor`) and its envelope `start`."""
+def _envelope_solve(
+    u: np.ndarray, scale: np.ndarray, b: np.ndarray, start: np.ndarray, forward: bool = True
+):
+    """`a^-1 b` from the factor `u` of `S a S` (`_factor`) and its envelope `start`
+    (without `forward`, `b` is already `U^-T S b`, from `_factor`'s `y`)."""
     from ._sparse_kernels import envelope_solve
 
-    return envelope_solve(u, start, b * scale) * scale
+    return envelope_solve(u, start, b * scale if forward else b, forward) * scale
 
 
 def _solve_factored(
@@ -101,12 +110,15 @@ def _solve_factored(
     """`x = a^-1 b`, `log det a`, the factor, scale and envelope of `_factor` (`a` C-order
     float64, overwritten; `b` float64); NaN `x` and log det and a None factor when `a` is
     not positive definite."""
+    # (unscaled, the forward half of the solve runs inside the factorisation)
+    y = None if scaled else np.array(b, np.float64)
     with blas_threads(LAPACK_THREADS):
-        u, scale, start = _factor(a, start, split, triangular, scaled)
+        u, scale, start = _factor(a, start, split, triangular, scaled, y)
     if u is None:
         return np.full(b.shape[0], np.nan), np.nan, None, scale, start
     logdet = 2.0 * (np.sum(np.log(np.diagonal(u))) - np.sum(np.log(scale)))
-    return _envelope_solve(u, scale, b, start), logdet, u, scale, start
+    x = _envelope_solve(u, scale, b if y is None else y, start, forward=y is None)
+    return x, logdet, u, scale, start
 
 
 def _inverse(

@@ -614,11 +614,12 @@ def zero_lower(a):
 
 @numba.njit(cache=True, nogil=True, fastmath=_REASSOC)
 @no_type_check
-def envelope_solve(u, start, b):
+def envelope_solve(u, start, b, forward=True):
     # x = (U^T U)^-1 b for the upper factor U in the upper triangle of `u` (C order; its
     # lower triangle not read) whose column j is zero above row start[j] (the envelope of
     # `envelope_cholesky`): U^T y = b, then U x = y, both along U's rows and only over
-    # their envelope (LAPACK's potrs reads the whole triangle)
+    # their envelope (LAPACK's potrs reads the whole triangle); without `forward`, b is
+    # already y (`envelope_cholesky` solved it) and only U x = y is left
     n = u.shape[0]
     end = np.zeros(n, np.int64)  # end[i]: 1 + the last column of row i's envelope
     for j in range(n):
@@ -626,7 +627,7 @@ def envelope_solve(u, start, b):
     for i in range(1, n):
         end[i] = max(end[i], end[i - 1], i + 1)
     x = b.copy()
-    for i in range(n):
+    for i in range(n if forward else 0):
         row = u[i]
         xi = x[i] / row[i]
         x[i] = xi
@@ -783,7 +784,7 @@ def _levels(start, i0, i1, cuts):
 
 @numba.njit(cache=True, nogil=True)
 @no_type_check
-def envelope_cholesky(trsm, syrk, gemm, potrf, a, start, bounds):
+def envelope_cholesky(trsm, syrk, gemm, potrf, a, start, bounds, y):
     # The Cholesky factor of the symmetric positive-definite matrix whose upper triangle is
     # in `a` (C order), in place: the lower factor L of the Fortran-order view M = a^T
     # (= the upper factor of a), by block rows of M restricted to its envelope. Row i of L
@@ -797,8 +798,11 @@ def envelope_cholesky(trsm, syrk, gemm, potrf, a, start, bounds):
     # level k takes the columns [c_k, c_k+1) of the rows W that start before c_k+1, on a
     # copy (trsm; then gemm for their effect on the columns [c_k+1, i0) and syrk for that
     # on M[W, W]), and all rows share the last window [c_K, i0) (the other rows' entries
-    # left of it are zeros). Returns LAPACK's info (0, or the first row at which M is not
-    # positive definite, from 1).
+    # left of it are zeros). With y of size n (not 0), also L y' = y in place, block row
+    # by block row as its entries of L are final, while they are still in cache (each
+    # level's solved columns, then the shared window, then the diagonal block): the forward
+    # half of a solve, without reading the factor again. Returns LAPACK's info (0, or the
+    # first row at which M is not positive definite, from 1; y is then not solved).
     n = a.shape[0]
     R, L, T, N = ord("R"), ord("L"), ord("T"), ord("N")
     ld = np.array([n], np.int32)
@@ -806,6 +810,7 @@ def envelope_cholesky(trsm, syrk, gemm, potrf, a, start, bounds):
     info = np.zeros(1, np.int32)
     wide = np.empty(n, np.int64)
     cuts = np.empty(n + 1, np.int64)
+    solve = y.shape[0] == n
     for b in range(bounds.shape[0] - 1):
         i0 = bounds[b]
         i1 = bounds[b + 1]
@@ -845,14 +850,40 @@ def envelope_cholesky(trsm, syrk, gemm, potrf, a, start, bounds):
                 dst = a[c0 + c]
                 for q in range(n_w):
                     dst[wide[q]] = x[c, q]
+            if solve:
+                # y[W] -= L[W, c0:c1] y[c0:c1] (those columns of L are final)
+                acc = np.zeros(n_w)
+                for c in range(d):
+                    xc = x[c]
+                    yc = y[c0 + c]
+                    for q in range(n_w):
+                        acc[q] += xc[q] * yc
+                for q in range(n_w):
+                    y[wide[q]] -= acc[q]
         s = cuts[n_levels]
         if i0 > s:
             # M[r, c] is a[c, r]: the block M[i0:, s:] starts at a[s, i0] (leading dim n)
             _trsm(trsm, R, L, T, N, i1 - i0, i0 - s, 1.0, a[s:, s:], n, a[s:, i0:], n)
             _syrk(syrk, L, N, i1 - i0, i0 - s, -1.0, a[s:, i0:], n, 1.0, a[i0:, i0:], n)
+            if solve:
+                # y[I] -= L[I, s:i0] y[s:i0] (L[I, c] is a[c, i0:i1])
+                yi = y[i0:i1]
+                for c in range(s, i0):
+                    lc = a[c, i0:i1]
+                    yc = y[c]
+                    for q in range(i1 - i0):
+                        yi[q] -= lc[q] * yc
         potrf(uplo.ctypes, m.ctypes, a[i0:, i0:].ctypes, ld.ctypes, info.ctypes)
         if info[0] != 0:
             return i0 + info[0]
+        if solve:
+            # y[I] <- L[I, I]^-1 y[I] (L[j, i] is a[i, j])
+            for i in range(i0, i1):
+                row = a[i]
+                yi = y[i] / row[i]
+                y[i] = yi
+                for j in range(i + 1, i1):
+                    y[j] -= row[j] * yi
     return 0
 
 
@@ -1079,19 +1110,21 @@ def envelope_bounds(
     return bounds.astype(np.int64)
 
 
-def cholesky_envelope(a, scale, start=None, split=None, nb=None):
+def cholesky_envelope(a, scale, start=None, split=None, nb=None, y=None):
     """`jacobi_envelope` (from `start`, the rows of the structure's first non-zeros per
     column, or the diagonal; updated in place) and the Cholesky factor (upper, of the
     C-order `a`; its lower triangle untouched) by `envelope_cholesky` on
     `envelope_bounds`; LAPACK's info. With `scale` None, `a` is neither scaled nor
     scanned: `start` must then hold its envelope (no non-zero of the upper triangle above
-    `start[j]` in column `j`)."""
+    `start[j]` in column `j`). With `y` (float64, length n; of the scaled system when
+    scaled), also `U^T y' = y` in place (the forward half of `envelope_solve`)."""
     n = a.shape[0]
     start = np.arange(n) if start is None else start
     if scale is not None:
         jacobi_envelope(a, scale, start)
     bounds = envelope_bounds(start, split, nb)
-    return envelope_cholesky(_TRSM, _SYRK, _GEMM, _POTRF, a, start, bounds)
+    y = np.empty(0) if y is None else y
+    return envelope_cholesky(_TRSM, _SYRK, _GEMM, _POTRF, a, start, bounds, y)
 
 
 def inverse_envelope(u, start, split=None, nb=None):
