@@ -77,8 +77,6 @@ def _factor(
     with `forward=False` finishes it)."""
     from ._sparse_kernels import cholesky_envelope, zero_lower
 
-    if scaled and y is not None:
-        raise ValueError("_factor solves y only for an unscaled a")
     n = a.shape[0]
     scale = np.empty(n) if scaled else None
     start = np.arange(n) if start is None else start

@@ -1116,8 +1116,11 @@ def cholesky_envelope(a, scale, start=None, split=None, nb=None, y=None):
     C-order `a`; its lower triangle untouched) by `envelope_cholesky` on
     `envelope_bounds`; LAPACK's info. With `scale` None, `a` is neither scaled nor
     scanned: `start` must then hold its envelope (no non-zero of the upper triangle above
-    `start[j]` in column `j`). With `y` (float64, length n; of the scaled system when
-    scaled), also `U^T y' = y` in place (the forward half of `envelope_solve`)."""
+    `start[j]` in column `j`). With `y` (float64, length n; only with `scale` None, as the
+    scale is found here), also `U^T y' = y` in place (the forward half of
+    `envelope_solve`)."""
+    if scale is not None and y is not None:
+        raise ValueError("cholesky_envelope solves y only for an unscaled a (scale None)")
     n = a.shape[0]
     start = np.arange(n) if start is None else start
     if scale is not None:
