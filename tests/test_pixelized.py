@@ -911,7 +911,8 @@ def _random_tile_inputs(n_s=60, shape=(30, 26), k=4, m=2, geometry=False):
     mask = (yy - 14.0) ** 2 / 1.3 + (xx - 12.0) ** 2 < 110.0
     pixels = np.flatnonzero(mask)
     mapped = np.flatnonzero(scipy.ndimage.binary_dilation(mask, iterations=3))
-    kernel = rng.uniform(0.1, 1.0, (7, 5))
+    # (values exact in float32: the tables hold the kernel in the session's precision)
+    kernel = rng.uniform(0.1, 1.0, (7, 5)).astype(np.float32).astype(np.float64)
     kernel[0, :2] = 0.0  # columns with shorter spans
     tables = sparse_tables(kernel, shape, pixels, mapped, tile=4)
     # (repeated pixels within a row, and entries outside the mesh on both sides)
