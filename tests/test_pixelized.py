@@ -1026,7 +1026,7 @@ def test_host_system_envelope_is_narrower_than_the_tiles_structure():
     np.testing.assert_allclose(e[:, 0], w[:, 0] * inv_sigma * values[:, 0], rtol=1e-14)
     assert np.array_equal(np.triu(f, 1), np.zeros((n, n)))
     reg = 0.3 * (2.0 * np.eye(n) - np.eye(n, k=1) - np.eye(n, k=-1))
-    x, logdet = sparse_system_solve(
+    x, logdet, fit = sparse_system_solve(
         *(jnp.asarray(v) for v in (idx, w, values, inv_sigma, reg)),
         jnp.zeros((0, 0)),
         jnp.zeros(0),
@@ -1034,8 +1034,12 @@ def test_host_system_envelope_is_narrower_than_the_tiles_structure():
     )
     a = np.diag((w[:, 0] * inv_sigma) ** 2) + reg
     b = w[:, 0] * inv_sigma * values[:, 0]
-    assert rel_err(np.asarray(x), np.linalg.solve(a, b)) < 1e-12
+    s = np.linalg.solve(a, b)
+    assert rel_err(np.asarray(x), s) < 1e-12
     assert float(logdet) == pytest.approx(np.linalg.slogdet(a)[1], rel=1e-12)
+    # the misfit: chi2 of the model C s (C = diag(w / sigma) here) plus s^T H s
+    chi2 = np.sum((values[:, 0] - w[:, 0] * inv_sigma * s) ** 2)
+    assert float(fit) == pytest.approx(chi2 + s @ reg @ s, rel=1e-12)
 
 
 @pytest.mark.parametrize("n_threads", [1, 3])
@@ -1125,8 +1129,9 @@ def test_host_system_gradient_outside_the_envelope(monkeypatch, kind):
         v = jnp.asarray(lap[rows[:-1], cols[:-1]])
         return el.source.SparseSymmetric(rows, cols, jnp.append(p[0] * v, p[1]), n_s)
 
+    # (x, log det and the misfit t^T t - x^T b, each with a cotangent)
     def host(p):
-        x, logdet = _host_linalg.sparse_system_solve(
+        x, logdet, fit = _host_linalg.sparse_system_solve(
             *args,
             entries(p) if kind == "entries" else regularization(p),
             jnp.asarray(gram),
@@ -1134,14 +1139,15 @@ def test_host_system_gradient_outside_the_envelope(monkeypatch, kind):
             tables,
             fixed_sparsity=kind == "fixed",
         )
-        return jnp.sum(x * jnp.arange(1.0, x.shape[0] + 1)) + logdet
+        return jnp.sum(x * jnp.arange(1.0, x.shape[0] + 1)) + logdet + 0.3 * fit
 
     def dense(p):
         f, e = sparse_gram(*args, n_s, tables)
         a = jnp.block([[jnp.asarray(gram), e[:, 1:].T], [e[:, 1:], f + regularization(p)]])
         b = jnp.concatenate([jnp.asarray(rhs), e[:, 0]])
         x = jnp.linalg.solve(a, b)
-        return jnp.sum(x * jnp.arange(1.0, x.shape[0] + 1)) + jnp.linalg.slogdet(a)[1]
+        fit = values[:, 0] @ values[:, 0] - x @ b
+        return jnp.sum(x * jnp.arange(1.0, x.shape[0] + 1)) + jnp.linalg.slogdet(a)[1] + 0.3 * fit
 
     p = jnp.asarray([0.5, 0.0])
     assert abs(float(host(p) - dense(p))) < 1e-9 * abs(float(dense(p)))
@@ -1151,6 +1157,61 @@ def test_host_system_gradient_outside_the_envelope(monkeypatch, kind):
         assert abs(float(g_host[1] - g_dense[1])) > 1e-6 * abs(float(g_dense[1]))
     else:
         assert rel_err(g_host[1], g_dense[1]) < 1e-8
+
+
+@pytest.mark.x64_only
+def test_host_system_cotangents_of_every_operand():
+    # the host system's reverse-mode rule in the mapping weights, the data and linear
+    # light columns, the linear light's Gram matrix and right-hand side and the
+    # regularization, for x, log det a and the misfit t^T t - x^T b each weighted,
+    # against JAX's derivative of the same system solved densely
+    from equilens.source import _host_linalg
+    from equilens.source._sparse import SparseTables, sparse_gram
+
+    n_s, arrays = _random_tile_inputs(m=3)
+    idx, w, values, inv_sigma = (jnp.asarray(a) for a in arrays[:4])
+    tables = SparseTables(*(jnp.asarray(a) for a in arrays[4:]))
+    rng = np.random.default_rng(2)
+    light = values[:, 1:]  # (two linear light columns; a ridge on their amplitudes)
+    gram0 = light.T @ light + 0.1 * jnp.eye(2)
+    rhs0 = light.T @ values[:, 0]
+    chain = 2.05 * np.eye(n_s) - np.eye(n_s, k=1) - np.eye(n_s, k=-1)
+    lap = jnp.asarray(chain)
+    probe = jnp.asarray(rng.normal(size=n_s + 2))
+
+    def host(w_, v_, gram, rhs, lam):
+        x, logdet, fit = _host_linalg.sparse_system_solve(
+            idx, w_, v_, inv_sigma, lam * lap, gram, rhs, tables, fixed_sparsity=True
+        )
+        return probe @ x + 0.5 * logdet + 0.3 * fit
+
+    def dense(w_, v_, gram, rhs, lam):
+        f, e = sparse_gram(idx, w_, v_, inv_sigma, n_s, tables)
+        a = jnp.block([[gram, e[:, 1:].T], [e[:, 1:], f + lam * lap]])
+        b = jnp.concatenate([rhs, e[:, 0]])
+        x = jnp.linalg.solve(a, b)
+        fit = v_[:, 0] @ v_[:, 0] - x @ b
+        return probe @ x + 0.5 * jnp.linalg.slogdet(a)[1] + 0.3 * fit
+
+    ops = (w, values, gram0, rhs0, jnp.asarray(0.7))
+    assert float(host(*ops)) == pytest.approx(float(dense(*ops)), rel=1e-11)
+    g_host = jax.grad(host, argnums=(0, 1, 2, 3, 4))(*ops)
+    g_dense = jax.grad(dense, argnums=(0, 1, 2, 3, 4))(*ops)
+    for a, b in zip(g_host, g_dense, strict=True):
+        assert rel_err(a, b) < 1e-9
+    # the misfit: chi2 of the model K x (K = [light, C], C^T C = F, C^T light = E1) plus
+    # the regularization term (0.7 lap on the source, the ridge on the amplitudes), each
+    # term from the solution
+    x, _, fit = _host_linalg.sparse_system_solve(
+        idx, w, values, inv_sigma, 0.7 * lap, gram0, rhs0, tables
+    )
+    f, e = sparse_gram(idx, w, values, inv_sigma, n_s, tables)
+    amp, src = x[:2], x[2:]
+    t = values[:, 0]
+    kx_kx = amp @ (light.T @ light) @ amp + 2.0 * amp @ (e[:, 1:].T @ src) + src @ f @ src
+    chi2 = t @ t - 2.0 * (amp @ rhs0 + src @ e[:, 0]) + kx_kx
+    reg_term = 0.7 * src @ lap @ src + 0.1 * amp @ amp
+    assert float(fit) == pytest.approx(float(chi2 + reg_term), rel=1e-10)
 
 
 def test_factor_store_is_only_a_shortcut(dataset, monkeypatch):

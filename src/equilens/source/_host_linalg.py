@@ -15,11 +15,12 @@ det, and a zero cotangent (callers mask the NaN evidence). LAPACK runs on at mos
 `sparse_system_solve` does the same for the sparse route's whole system (curvature matrix
 from the tile kernels, regularization, linear light) in one host call, without the scaling
 (Cholesky's backward error does not depend on a diagonal scaling) on the envelope that the
-tile kernels found (the matrix is not scanned for it); its reverse-mode
-rule forms `a^-1` only on the factor's envelope (a selected inverse,
-`_sparse_kernels.envelope_inverse`), which holds every entry its cotangents read, from the
-factor that the forward call left on the host with its tile blocks of `C` (`_FactorStore`;
-recomputed if missing).
+tile kernels found (the matrix is not scanned for it), and returns with the solution the
+data misfit plus regularization term (`t^T t - x^T b`, so that the evidence does not need
+the model image); its reverse-mode rule forms `a^-1` only on the factor's envelope (a
+selected inverse, `_sparse_kernels.envelope_inverse`), which holds every entry its
+cotangents read, from the factor that the forward call left on the host with its tile
+blocks of `C` (`_FactorStore`; recomputed if missing).
 """
 
 import collections
@@ -135,7 +136,9 @@ def _inverse(
 
     with blas_threads(LAPACK_THREADS):
         if start is not None:
-            y = _envelope_solve(u, scale, x_bar, start)
+            # (a zero x_bar, as for the evidence, which reads x only through the misfit:
+            # no solve)
+            y = _envelope_solve(u, scale, x_bar, start) if x_bar.any() else np.zeros_like(x_bar)
             inverse_envelope(u, start, split)
             return y, u
         y, _ = _lapack()[0](u.T, x_bar * scale, lower=1)
@@ -227,7 +230,8 @@ def _system_solved(
     idx, w, values, inv_sigma, rows, cols, reg, gram, rhs, *tables, n_s: int, keep: bool
 ):
     # a = [[F + reg, E1], [E1^T, gram]] (only its upper triangle is formed; F's in place),
-    # b = [E0, rhs], with [E0, E1] = E, solved: x (in this order), log det a, the factor
+    # b = [E0, rhs], with [E0, E1] = E, solved: x (in this order), log det a, the misfit
+    # t^T t - x^T b (t = values[:, 0]: chi2 + s^T reg s at the solution), the factor
     # (None when a is not positive definite), its scale, the selected inverse's envelope,
     # all float64, and the tile blocks of C (kept with `keep`, for the reverse pass: see
     # `_sparse_kernels.forward_into`). The linear-light rows come last, so that their
@@ -269,7 +273,16 @@ def _system_solved(
     # pair of source pixels that share a tile: the entries the backward kernel reads, some
     # of which can be zero in F)
     start = np.minimum(start, np.concatenate([first, np.zeros(o, np.int64)]))
-    return x, logdet, u, scale, start, blocks
+    return x, logdet, _misfit(values[:, 0], x, b), u, scale, start, blocks
+
+
+def _misfit(t: np.ndarray, x: np.ndarray, b: np.ndarray) -> float:
+    """`t^T t - x^T b`: for `x` solving `a x = b`, `a = G + R`, `b = K^T t` with `G = K^T
+    K` (the data's Gram matrix) and a regularization `R` acting on the source part `s` of
+    `x`, this is `|t - K x|^2 + s^T R s` (chi2 plus the regularization term), without the
+    model image: `x^T G x = x^T b - s^T R s`. In float64 it loses `log10(t^T t / misfit)`
+    digits to cancellation (four at a signal-to-noise of 100 per pixel); NaN with `x`."""
+    return float(t @ t - x @ b)
 
 
 def _system_host(*args, n_s: int, keep_factor: bool, keep_blocks: bool):
@@ -277,9 +290,9 @@ def _system_host(*args, n_s: int, keep_factor: bool, keep_blocks: bool):
     # the token under which the factor (and, with `keep_blocks`, the tile blocks of C: the
     # reverse pass reads them only for the cotangents of w and values) waits on the host
     solved = _system_solved(*args, n_s=n_s, keep=keep_blocks)
-    x, logdet, u = solved[:3]
+    x, logdet, fit, u = solved[:4]
     dtype = args[1].dtype
-    out = (_rotate(x, n_s).astype(dtype), np.asarray(logdet, dtype))
+    out = (_rotate(x, n_s).astype(dtype), np.asarray(logdet, dtype), np.asarray(fit, dtype))
     if not keep_factor:
         return out
     size = solved[-1][2].nbytes + (0 if u is None else u.nbytes)
@@ -356,8 +369,12 @@ def _leading_block_singular(gram: np.ndarray) -> bool:
 _DIFF: tuple[str, ...] = ("w", "values", "reg", "gram", "rhs")
 
 
-def _system_bwd_host(token, x_bar, l_bar, *args, o, need, selected, sparse_reg):
+def _system_bwd_host(token, x_bar, l_bar, m_bar, *args, o, need, selected, sparse_reg):
     # the cotangents of the operands named in `need` (`args`: those of `_system_solved`)
+    # for those of x, log det a and the misfit m = t^T t - b^T a^-1 b (dm = 2 t^T dt
+    # - 2 x^T db + x^T da x: with y = a^-1 x_bar, b_bar = y - 2 m_bar x and a_bar =
+    # l_bar a^-1 - (y - m_bar x) x^T, the kernels' form with y - m_bar x in place of
+    # b_bar)
     idx, w, values, inv_sigma, rows, cols = args[:6]
     tables = args[9:]
     dtype = w.dtype
@@ -365,7 +382,7 @@ def _system_bwd_host(token, x_bar, l_bar, *args, o, need, selected, sparse_reg):
     solved = _FACTORS.take(int(token))
     if solved is None:
         solved = _system_solved(*args, n_s=n_s, keep="w" in need or "values" in need)
-    x, _, u, scale, start, blocks = solved
+    x, _, _, u, scale, start, blocks = solved
     if u is None:
         reg_shape = rows.shape if sparse_reg else (n_s, n_s)
         shapes = {"w": w.shape, "values": values.shape, "reg": reg_shape, "gram": (o, o)}
@@ -374,11 +391,14 @@ def _system_bwd_host(token, x_bar, l_bar, *args, o, need, selected, sparse_reg):
 
     x_bar = _rotate(np.asarray(x_bar, np.float64), o)
     l_bar = float(l_bar)
+    m_bar = float(m_bar)
     # (S Z S = a^-1 is needed on F's, E1's and gram's entries, all inside the envelope;
     # on reg's too, which holds them unless its zeros can move: a dense reg and `selected`
     # False)
     whole = "reg" in need and not (selected or sparse_reg)
-    b_bar, z = _inverse(u, scale, x_bar, None if whole else start, n_s)
+    y, z = _inverse(u, scale, x_bar, None if whole else start, n_s)
+    b_bar = y - 2.0 * m_bar * x
+    y -= m_bar * x  # (a_bar's vector)
     out: dict[str, np.ndarray] = {"rhs": b_bar[n_s:]}
     if "w" in need or "values" in need:
         # E's cotangent: [b_bar of E0, that of E1 (E1 is in a twice: a[:n_s, n_s:] and
@@ -388,16 +408,14 @@ def _system_bwd_host(token, x_bar, l_bar, *args, o, need, selected, sparse_reg):
         e_bar = np.empty((n_s, o + 1))
         e_bar[:, 0] = b_bar[:n_s]
         e_bar[:, 1:] = (
-            2.0 * l_bar * inv_cross
-            - np.outer(b_bar[:n_s], x[n_s:])
-            - np.outer(x[:n_s], b_bar[n_s:])
+            2.0 * l_bar * inv_cross - np.outer(y[:n_s], x[n_s:]) - np.outer(x[:n_s], y[n_s:])
         )
         host = host64(idx, w, values, inv_sigma, *tables)
         out["w"], out["values"] = run_kernel(
             "backward_inverse",
             z,
             scale,
-            b_bar,
+            y,
             x,
             l_bar,
             0,
@@ -407,14 +425,15 @@ def _system_bwd_host(token, x_bar, l_bar, *args, o, need, selected, sparse_reg):
             *blocks,
             *host[4:],
         )
+        out["values"][:, 0] += 2.0 * m_bar * host[2][:, 0]
     if "reg" in need:
         if sparse_reg:
             rows, cols = host64(rows, cols)
-            out["reg"] = entries_cotangent(z, scale, b_bar, x, l_bar, rows, cols)
+            out["reg"] = entries_cotangent(z, scale, y, x, l_bar, rows, cols)
         else:
-            out["reg"] = inverse_cotangent(z, scale, b_bar, x, l_bar, 0, n_s)
+            out["reg"] = inverse_cotangent(z, scale, y, x, l_bar, 0, n_s)
     if "gram" in need:
-        out["gram"] = inverse_cotangent(z, scale, b_bar, x, l_bar, n_s, o)
+        out["gram"] = inverse_cotangent(z, scale, y, x, l_bar, n_s, o)
     return tuple(out[name].astype(dtype, copy=False) for name in need)
 
 
@@ -429,7 +448,8 @@ def _system(
 ):
     w, _, _, gram, _ = diff
     n = gram.shape[0] + n_s
-    shapes = (jax.ShapeDtypeStruct((n,), w.dtype), jax.ShapeDtypeStruct((), w.dtype))
+    scalar = jax.ShapeDtypeStruct((), w.dtype)
+    shapes = (jax.ShapeDtypeStruct((n,), w.dtype), scalar, scalar)
     if keep_factor:
         shapes = (*shapes, jax.ShapeDtypeStruct((), jnp.int32))
     host = functools.partial(
@@ -450,10 +470,10 @@ def _sparse_system_fwd(perturbed, diff, pattern, idx, inv_sigma, tables, n_s, se
     del selected
     # (the tile blocks only for a reverse pass that forms the cotangents of w or values)
     blocks = any(jax.tree.leaves(perturbed[:2]))
-    x, logdet, token = _system(
+    x, logdet, fit, token = _system(
         diff, pattern, idx, inv_sigma, tables, n_s, keep_factor=True, keep_blocks=blocks
     )
-    return (x, logdet), token
+    return (x, logdet, fit), token
 
 
 @_sparse_system.def_bwd
@@ -462,11 +482,12 @@ def _sparse_system_bwd(
 ):
     token = residuals
     w, _, reg, gram, _ = diff
-    x_bar, l_bar = g
+    x_bar, l_bar, m_bar = g
     n = n_s + gram.shape[0]
     # (a symbolic-zero cotangent arrives as None)
     x_bar = jnp.zeros(n, w.dtype) if x_bar is None else x_bar
     l_bar = jnp.zeros((), w.dtype) if l_bar is None else l_bar
+    m_bar = jnp.zeros((), w.dtype) if m_bar is None else m_bar
     arrays = dict(zip(_DIFF, diff, strict=True))
     need = tuple(name for name, p in zip(_DIFF, perturbed, strict=True) if p)
     shapes = tuple(jax.ShapeDtypeStruct(arrays[name].shape, w.dtype) for name in need)
@@ -477,7 +498,7 @@ def _sparse_system_bwd(
         selected=selected,
         sparse_reg=reg.ndim == 1,
     )
-    args = (token, x_bar, l_bar, *_system_args(diff, pattern, idx, inv_sigma, tables))
+    args = (token, x_bar, l_bar, m_bar, *_system_args(diff, pattern, idx, inv_sigma, tables))
     got = host_callback(host, shapes, *args, vmap_method="sequential") if need else ()
     return tuple(dict(zip(need, got, strict=True)).get(name) for name in _DIFF)
 
@@ -492,12 +513,15 @@ def sparse_system_solve(
     rhs: Float[Array, " n_linear"],
     tables: SparseTables,
     fixed_sparsity: bool = False,
-) -> tuple[Float[Array, " n"], Scalar]:
+) -> tuple[Float[Array, " n"], Scalar, Scalar]:
     """The sparse route's whole linear system in one host call: with `F`, `E = [E0, E1]`
     of `sparse_gram(idx, w, values, inv_sigma, n_source, tables)` (`E1`: `n_linear`
     columns), solves `a x = b` for `a = [[gram, E1^T], [E1, F + reg]]`, `b = [rhs, E0]`
-    (`n = n_linear + n_source`) and returns `x` and `log det a` (NaN, with zero
-    cotangents, when `a` is not positive definite). The `n x n` matrices never leave the
+    (`n = n_linear + n_source`) and returns `x`, `log det a` and the misfit
+    `t^T t - x^T b` (`t = values[:, 0]`; see `_misfit`: when `values = [t, L^T]`,
+    `gram = L L^T` and `rhs = L t`, as for an inversion, this is chi2 + `s^T reg s` at the
+    solution, computed in float64 without the model image) (NaN, with zero cotangents,
+    when `a` is not positive definite). The `n x n` matrices never leave the
     host (the factor waits there for the reverse pass), except a dense `reg` and its
     cotangent: two to six fewer `n^2` copies than `sparse_gram` followed by
     `host_cholesky_solve`. Reverse-mode differentiable in `w`, `values`,

@@ -286,7 +286,11 @@ class Inversion(eqx.Module):
       `log_det_regularization` (`log det H`), `noise_normalisation` (`sum log 2 pi
       sigma^2`) and `log_evidence = -(chi2 + s^T H s + log det(F+H) - log det H + sum log
       2 pi sigma^2) / 2`, which is `-inf` when the system is singular (`valid` False;
-      the solved quantities are then NaN, and the evidence's gradient is zero).
+      the solved quantities are then NaN, and the evidence's gradient is zero). (The
+      "sparse" route's single host solve gives `chi2 + s^T H s` as `|t|^2 - x^T b`, with
+      `t` the noise-weighted data and `b` the system's right-hand side, in float64; the
+      evidence then needs no model image. The reported `chi2` is from the residuals and
+      agrees to round-off.)
     """
 
     values: Float[Array, " n"]
