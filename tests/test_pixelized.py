@@ -1322,3 +1322,26 @@ def test_triangulation_follows_the_nodes_through_the_host_cache():
         assert got == want
         cells = tri.simplices[tri.find_simplex(np.array([[0.1, 0.05], [-0.2, 0.3]]))]
         np.testing.assert_array_equal(np.sort(np.asarray(idx), axis=1), np.sort(cells, axis=1))
+
+
+def test_kept_triangulation_owns_its_nodes():
+    # a host callback's operands are views of JAX buffers, reused once the call returns; a
+    # triangulation kept for the next call must not read them then (scipy's keeps a
+    # reference to its input and computes the point location's transform from it lazily)
+    from equilens.source import _geometry
+
+    rng = np.random.default_rng(5)
+    nodes = rng.normal(size=(60, 2))
+    q = rng.normal(scale=0.5, size=(200, 2))
+    tri = Delaunay(nodes)
+    simplex = tri.find_simplex(q)
+    inside = simplex >= 0
+    assert inside.sum() > 100
+    operand = nodes.copy()
+    _geometry._triangulate_host(operand)  # keeps its triangulation for the point location
+    operand[:] = rng.normal(size=operand.shape)  # the operand's buffer, reused
+    verts, ok = _geometry._locate_host(nodes, q[:, 0], q[:, 1])  # takes the kept one
+    assert int(ok) == 1
+    np.testing.assert_array_equal(
+        np.sort(verts[inside], axis=1), np.sort(tri.simplices[simplex[inside]], axis=1)
+    )

@@ -238,8 +238,11 @@ def _delaunay(pts: np.ndarray):
     model's triangulation and its point location (two host calls, in either order)
     triangulate the same nodes: the first call keeps its triangulation under the nodes'
     bytes and the second takes it (so a repeated model is triangulated again, as a new
-    one would be); at most a few wait."""
-    pts = np.ascontiguousarray(pts, dtype=np.float64)
+    one would be); at most a few wait. The nodes are copied: scipy's triangulation keeps a
+    reference to its input (and computes `transform`, which `find_simplex` reads, from it
+    on first use), and a host callback's operands are views of buffers that JAX may reuse
+    as soon as the call returns."""
+    pts = np.array(pts, dtype=np.float64, order="C")
     key = (pts.shape, pts.tobytes())
     with _TRIANGULATIONS_LOCK:
         if key in _TRIANGULATIONS:
