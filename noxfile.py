@@ -1,16 +1,39 @@
-"""nox sessions: lint, typecheck, tests (python x precision matrix), crosscheck, examples,
-docs, bench. `nox -s tests-3.11` runs the float64 and float32 variants on Python 3.11."""
+"""nox sessions: lint, typecheck, tests (python x precision matrix, the fast suite), slow
+(whole fits and the examples), crosscheck, examples, docs, bench.
+
+`nox -s tests-3.11` runs the fast suite in float64 and float32 on Python 3.11 (jax <= 0.10.1);
+`nox -s tests-3.12` on Python 3.12 with the newest jax. `nox -s slow` runs the tests marked
+`slow` (whole fits of real and simulated lenses) and every script in examples/. `.ci/run`
+runs the README's test command, then `slow` and the newest-jax axis."""
+
+import os
+import pathlib
 
 import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "typecheck", "tests-3.11", "crosscheck", "examples", "docs"]
+nox.options.sessions = ["lint", "typecheck", "tests-3.11", "crosscheck", "docs"]
 
 PYTHONS = ["3.11", "3.12", "3.13"]
 # Pinned dev tools.
 RUFF = "ruff==0.14.5"
 PYRIGHT = "pyright[nodejs]==1.1.407"
+ROOT = pathlib.Path(__file__).parent
+# pytest-xdist workers: one per core, at most two (the CI machine has two).
+WORKERS = str(min(2, os.cpu_count() or 1))
+
+
+def _jax_cache(python: str, precision: str) -> dict[str, str]:
+    """JAX's persistent compilation cache, shared by the processes of one Python and
+    precision (pytest-xdist workers, the slow tests and the examples compile many of the
+    same programs). Its keys hold the program, the jax version and the compile options, so
+    a stale entry is never used; entries are written atomically. Programs with host
+    callbacks are not cached."""
+    return {
+        "JAX_COMPILATION_CACHE_DIR": str(ROOT / ".jax-cache" / f"py{python}-{precision}"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1",
+    }
 
 
 @nox.session(python="3.11")
@@ -29,13 +52,33 @@ def typecheck(session: nox.Session) -> None:
 @nox.session(python=PYTHONS)
 @nox.parametrize("precision", ["float64", "float32"])
 def tests(session: nox.Session, precision: str) -> None:
-    """The test suite with jaxtyping + beartype runtime checks; float32 runs with x64 off."""
+    """The fast suite (everything not marked `slow`) with jaxtyping + beartype runtime
+    checks; float32 runs with x64 off."""
     session.install("-e", ".[test]")
     env = {"EQUILENS_TEST_X64": "1" if precision == "float64" else "0"}
+    env |= _jax_cache(str(session.python), precision)
     # the lenstronomy comparisons run in the crosscheck session, which installs lenstronomy
     session.run(
-        "pytest", "-n", "2", "--ignore=tests/test_crosscheck.py", "-q", *session.posargs, env=env
+        "pytest",
+        "-n",
+        WORKERS,
+        "-m",
+        "not slow",
+        "--ignore=tests/test_crosscheck.py",
+        "-q",
+        *session.posargs,
+        env=env,
     )
+
+
+@nox.session(python="3.11")
+def slow(session: nox.Session) -> None:
+    """The tests marked `slow` (whole fits: the HST demo, the CLI, recovery over seeds and
+    solvers, evidence fits; float64), then every script in examples/."""
+    session.install("-e", ".[test]")
+    env = {"EQUILENS_TEST_X64": "1"} | _jax_cache("3.11", "float64")
+    session.run("pytest", "-n", WORKERS, "-m", "slow", "-q", *session.posargs, env=env)
+    _run_examples(session, env)
 
 
 @nox.session(python="3.11")
@@ -47,12 +90,16 @@ def crosscheck(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def examples(session: nox.Session) -> None:
-    """Runs every script in examples/ (small data)."""
-    import pathlib
-
+    """Runs every script in examples/ (small data; also run by `slow`)."""
     session.install("-e", ".")
+    _run_examples(session, _jax_cache("3.11", "float64"))
+
+
+def _run_examples(session: nox.Session, env: dict[str, str]) -> None:
     for script in sorted(pathlib.Path("examples").glob("*.py")):
-        session.run("python", str(script), env={"EQUILENS_EXAMPLE_OUT": session.create_tmp()})
+        session.run(
+            "python", str(script), env={**env, "EQUILENS_EXAMPLE_OUT": session.create_tmp()}
+        )
 
 
 @nox.session(python="3.11")

@@ -3,13 +3,22 @@ import os
 # Several CPU devices for sharding tests; must be set before JAX initialises a backend.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
-import jax
-import pytest
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER:
+    # pytest-xdist runs one worker per core: XLA's intra-op thread pool keeps to one thread
+    # in each, so that the workers do not oversubscribe the cores (Numba's and BLAS's pools
+    # keep their threads: the tests check the parallel kernels with several threads).
+    if "intra_op_parallelism_threads" not in os.environ["XLA_FLAGS"]:
+        os.environ["XLA_FLAGS"] += (
+            " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        )
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 # Numba's on-disk cache is not safe for processes that compile the same functions at the
 # same time (numba/numba#10128: a cached wrapper can be paired with a kernel from another
 # compilation): each pytest-xdist worker keeps its own, set before Numba is imported.
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _WORKER and "NUMBA_CACHE_DIR" not in os.environ:
     os.environ["NUMBA_CACHE_DIR"] = os.path.join(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".numba-cache", _WORKER

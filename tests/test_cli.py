@@ -15,6 +15,7 @@ from equilens.cli import main
 pytestmark = pytest.mark.x64_only
 
 
+@pytest.mark.slow
 def test_demo_fits_the_hst_lens(tmp_path, capsys):
     assert main(["demo", "--output", str(tmp_path)]) == 0
     out = json.loads((tmp_path / "demo.json").read_text())
@@ -81,6 +82,7 @@ def _args(paths, **override):
     return out
 
 
+@pytest.mark.slow
 def test_fit_command_writes_json_and_png(fits_files, tmp_path):
     out = tmp_path / "fit.json"
     assert main([*_args(fits_files), "--json", str(out)]) == 0
@@ -100,6 +102,7 @@ def test_fit_command_writes_json_and_png(fits_files, tmp_path):
     assert (tmp_path / "fit.png").exists()
 
 
+@pytest.mark.slow
 def test_pixelized_fit_writes_evidence_and_source_fits(fits_files, tmp_path):
     out = tmp_path / "pix.json"
     argv = _args(fits_files, **{"--source": "pixelized", "--mesh": "adaptive:12x12"})

@@ -49,6 +49,7 @@ def _start(truth):
 SOLVERS = {"lm": 300, "bfgs": 600, "adam": 3000}
 
 
+@pytest.mark.slow
 @pytest.mark.x64_only
 @pytest.mark.parametrize("solver", list(SOLVERS))
 def test_fits_recover_truth_within_reported_errors(solver):
@@ -123,7 +124,7 @@ def test_failure_is_reported_not_raised_with_throw_false():
 
 
 @pytest.mark.x64_only
-def test_multi_start_and_survey():
+def test_multi_start_picks_the_best_start():
     data = _data(3)
     prior = el.UniformPrior(lambda s: s.mass.components[0].theta_E, 0.6, 1.6)
     obj = el.Objective([el.GaussianLikelihood(data), prior])
@@ -135,6 +136,13 @@ def test_multi_start_and_survey():
     # starts were drawn inside the prior, and differ
     thetas = np.asarray(ms.starts.model.mass.components[0].theta_E)
     assert np.all((thetas > 0.6) & (thetas < 1.6))
+    assert len(set(thetas.tolist())) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.x64_only
+def test_fit_batch_and_survey():
+    data = _data(3)
     # a survey over the weight of a Gaussian prior on the Einstein radius: a strong prior
     # pulls theta_E to its mean, a weak one leaves the data's value
     gp = el.GaussianPrior(lambda s: s.mass.components[0].theta_E, 1.2, 0.01)
