@@ -4,7 +4,7 @@
 `nox -s tests-3.11` runs the fast suite in float64 and float32 on Python 3.11 (jax <= 0.10.1);
 `nox -s tests-3.12` on Python 3.12 with the newest jax. `nox -s slow` runs the tests marked
 `slow` (whole fits of real and simulated lenses) and every script in examples/. `.ci/run`
-runs the README's test command, then `slow` and the newest-jax axis."""
+runs the README's test command, then `slow`."""
 
 import os
 import pathlib
