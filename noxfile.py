@@ -73,8 +73,9 @@ def tests(session: nox.Session, precision: str) -> None:
 
 @nox.session(python="3.11")
 def slow(session: nox.Session) -> None:
-    """The tests marked `slow` (whole fits: the HST demo, the CLI, recovery over seeds and
-    solvers, evidence fits; float64), then every script in examples/."""
+    """The tests marked `slow` (float64): whole fits (the HST demo, the CLI, recovery over
+    seeds and solvers, evidence fits) and every script in examples/ (tests/test_examples.py
+    runs each in its own process), shared out over the pytest-xdist workers."""
     session.install("-e", ".[test]")
     env = {"EQUILENS_TEST_X64": "1"} | _jax_cache("3.11", "float64")
     session.run(
@@ -88,7 +89,6 @@ def slow(session: nox.Session) -> None:
         *session.posargs,
         env=env,
     )
-    _run_examples(session, env)
 
 
 @nox.session(python="3.11")
@@ -100,12 +100,10 @@ def crosscheck(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def examples(session: nox.Session) -> None:
-    """Runs every script in examples/ (small data; also run by `slow`)."""
+    """Runs every script in examples/, one after another (small data; `slow` runs them too,
+    as tests)."""
     session.install("-e", ".")
-    _run_examples(session, _jax_cache("3.11", "float64"))
-
-
-def _run_examples(session: nox.Session, env: dict[str, str]) -> None:
+    env = _jax_cache("3.11", "float64")
     for script in sorted(pathlib.Path("examples").glob("*.py")):
         session.run(
             "python", str(script), env={**env, "EQUILENS_EXAMPLE_OUT": session.create_tmp()}

@@ -33,10 +33,12 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 def pytest_collection_modifyitems(config, items):
     if X64:
         return
-    # float32 session: checks that need float64 are deselected (not skipped): they are run
-    # by the x64 session of the same matrix.
-    keep = [item for item in items if "x64_only" not in item.keywords]
-    deselected = [item for item in items if "x64_only" in item.keywords]
+    # float32 session: checks that need float64, and checks whose outcome does not depend
+    # on the precision, are deselected (not skipped): the float64 session of the same
+    # matrix runs them.
+    once = ("x64_only", "precision_independent")
+    keep = [item for item in items if not any(m in item.keywords for m in once)]
+    deselected = [item for item in items if any(m in item.keywords for m in once)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = keep

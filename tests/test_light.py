@@ -43,7 +43,7 @@ def test_vmap_over_parameters(name):
     params, static = eqx.partition(p, eqx.is_inexact_array)
     params2 = jax.tree.map(lambda a: a * 1.1, params)
     batch = jax.tree.map(lambda a, b: jnp.stack([a, b]), params, params2)
-    out = jax.vmap(lambda pr: eqx.combine(pr, static).intensity(x, y))(batch)
+    out = jax.jit(jax.vmap(lambda pr: eqx.combine(pr, static).intensity(x, y)))(batch)
     assert rel_err(out[1], eqx.combine(params2, static).intensity(x, y)) < 10 * default_eps()
 
 
@@ -76,7 +76,7 @@ def test_finite_gradients_at_centre_and_at_q_equal_one(name):
     cx = float(getattr(p, "center_x", 0.0)) if hasattr(p, "center_x") else 0.0
     x = jnp.asarray([cx, cx + 0.2, cx - 0.5])
     y = jnp.asarray([0.0, 0.1, -0.3])
-    grads = eqx.filter_grad(lambda m: jnp.sum(m.intensity(x, y) ** 2))(p)
+    grads = eqx.filter_jit(eqx.filter_grad(lambda m: jnp.sum(m.intensity(x, y) ** 2)))(p)
     for leaf in jax.tree.leaves(grads):
         assert bool(jnp.all(jnp.isfinite(leaf)))
 

@@ -37,8 +37,9 @@ def test_registry_covers_every_final_mass_profile():
 def test_deflection_is_gradient_of_potential(name):
     p = PROFILES[name]
     x, y = sample_points(48, seed=1)
-    gx, gy = jax.grad(lambda x, y: p.potential(x, y).sum(), argnums=(0, 1))(x, y)
-    ax, ay = p.deflection(x, y)
+    # (compiled: eagerly, every primitive of the derivative is compiled on its own)
+    gx, gy = jax.jit(jax.grad(lambda x, y: p.potential(x, y).sum(), argnums=(0, 1)))(x, y)
+    ax, ay = eqx.filter_jit(type(p).deflection)(p, x, y)
     assert rel_err(gx, ax) < TOL
     assert rel_err(gy, ay) < TOL
 
@@ -47,9 +48,9 @@ def test_deflection_is_gradient_of_potential(name):
 def test_convergence_is_half_trace_of_jacobian(name):
     p = PROFILES[name]
     x, y = sample_points(48, seed=2)
-    dax_dx = jax.vmap(jax.grad(lambda x, y: p.deflection(x, y)[0], argnums=0))(x, y)
-    day_dy = jax.vmap(jax.grad(lambda x, y: p.deflection(x, y)[1], argnums=1))(x, y)
-    kappa = p.convergence(x, y)
+    dax_dx = jax.jit(jax.vmap(jax.grad(lambda x, y: p.deflection(x, y)[0], argnums=0)))(x, y)
+    day_dy = jax.jit(jax.vmap(jax.grad(lambda x, y: p.deflection(x, y)[1], argnums=1)))(x, y)
+    kappa = eqx.filter_jit(type(p).convergence)(p, x, y)
     expected = 0.5 * (dax_dx + day_dy)
     # relative to the deflection-derivative scale (the sheet-free kappa can cross zero)
     scale = max(float(jnp.max(jnp.abs(dax_dx))), float(jnp.max(jnp.abs(day_dy))))
@@ -60,8 +61,10 @@ def test_convergence_is_half_trace_of_jacobian(name):
 def test_hessian_is_symmetric_and_matches_jacobian(name):
     p = PROFILES[name]
     x, y = sample_points(32, seed=3)
-    f_xx, f_xy, f_yx, f_yy = p.hessian(x, y)
-    jac = jax.vmap(jax.jacrev(lambda x, y: jnp.stack(p.deflection(x, y)), argnums=(0, 1)))(x, y)
+    f_xx, f_xy, f_yx, f_yy = eqx.filter_jit(type(p).hessian)(p, x, y)
+    jac = jax.jit(jax.vmap(jax.jacrev(lambda x, y: jnp.stack(p.deflection(x, y)), argnums=(0, 1))))(
+        x, y
+    )
     assert rel_err(f_xy, f_yx) < TOL or float(jnp.max(jnp.abs(f_xy - f_yx))) < TOL
     scale = max(float(jnp.max(jnp.abs(j))) for j in jac)
     for got, want in [(f_xx, jac[0][:, 0]), (f_yy, jac[1][:, 1]), (f_xy, jac[1][:, 0])]:
@@ -86,8 +89,8 @@ def test_vmap_over_parameters(name):
     params, static = eqx.partition(p, eqx.is_inexact_array)
     params2 = jax.tree.map(lambda a: a * 0.9, params)
     batch = jax.tree.map(lambda a, b: jnp.stack([a, b]), params, params2)
-    out = jax.vmap(lambda pr: eqx.combine(pr, static).deflection(x, y))(batch)
-    single = eqx.combine(params2, static).deflection(x, y)
+    out = jax.jit(jax.vmap(lambda pr: eqx.combine(pr, static).deflection(x, y)))(batch)
+    single = eqx.filter_jit(type(p).deflection)(eqx.combine(params2, static), x, y)
     assert rel_err(out[0][1], single[0]) < 10 * default_eps()
     assert rel_err(out[1][1], single[1]) < 10 * default_eps()
 
@@ -99,8 +102,9 @@ def test_float32_close_to_float64(name):
     x, y = sample_points(48, seed=6)
     p32 = cast_tree(p64, jnp.float32)
     for fn in ("deflection", "potential"):
-        out64 = getattr(p64, fn)(x, y)
-        out32 = getattr(p32, fn)(x.astype(jnp.float32), y.astype(jnp.float32))
+        method = eqx.filter_jit(getattr(type(p64), fn))
+        out64 = method(p64, x, y)
+        out32 = method(p32, x.astype(jnp.float32), y.astype(jnp.float32))
         for a, b in zip(jax.tree.leaves(out32), jax.tree.leaves(out64), strict=True):
             assert a.dtype == jnp.float32
             assert rel_err(a, b) < 1e-5, fn
@@ -131,10 +135,10 @@ def test_finite_gradients_at_centre_and_at_q_equal_one(name):
         ax, ay = p.deflection(x, y)
         return jnp.sum(ax**2 + ay**2) + jnp.sum(p.potential(x[1:], y[1:]))
 
-    grads = eqx.filter_grad(loss)(p)
+    grads = eqx.filter_jit(eqx.filter_grad(loss))(p)
     for leaf in jax.tree.leaves(grads):
         assert bool(jnp.all(jnp.isfinite(leaf)))
-    values = p.deflection(x, y)
+    values = eqx.filter_jit(type(p).deflection)(p, x, y)
     assert all(bool(jnp.all(jnp.isfinite(v))) for v in values)
 
 
@@ -152,7 +156,8 @@ def test_ellipticity_gradient_at_q_equal_one_is_the_true_derivative(cls):
         ax, ay = cls(**kwargs, e1=e[0], e2=e[1]).deflection(x, y)
         return jnp.sum(ax * jnp.cos(x)) + jnp.sum(ay * jnp.sin(3 * y))
 
-    g = jax.grad(f)(jnp.zeros(2))
+    f = jax.jit(f)
+    g = jax.jit(jax.grad(f))(jnp.zeros(2))
     g_fd = fd_grad(lambda e: f(jnp.asarray(e)), np.zeros(2), h=1e-6)
     assert np.all(np.abs(np.asarray(g)) > 1e-3)  # the ellipticity matters at q = 1
     np.testing.assert_allclose(np.asarray(g), g_fd, rtol=1e-6)
@@ -170,7 +175,8 @@ def test_parameter_gradients_match_finite_differences(name):
         ax, ay = eqx.combine(unravel(v), static).deflection(x, y)
         return jnp.sum(ax * x) + jnp.sum(ay * y**2)
 
-    g = jax.grad(f)(flat)
+    f = jax.jit(f)
+    g = jax.jit(jax.grad(f))(flat)
     g_fd = fd_grad(lambda v: f(jnp.asarray(v)), np.asarray(flat), h=1e-6)
     np.testing.assert_allclose(np.asarray(g), g_fd, rtol=1e-6, atol=1e-7)
 

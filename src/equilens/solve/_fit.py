@@ -91,10 +91,11 @@ def _progress_update(bar_id, step) -> None:
         bar.update(int(step) - bar.n)
 
 
-def _report(progress_every: int, bar_id: int, step) -> None:
-    if progress_every > 0:
+def _report(progress: "_Progress", step) -> None:
+    on, every, bar_id = progress
+    if on:
         jax.lax.cond(
-            step % progress_every == 0,
+            step % every == 0,
             lambda: jax.debug.callback(_progress_update, bar_id, step),
             lambda: None,
         )
@@ -113,7 +114,7 @@ def _all_finite(tree) -> Array:
 # -- the on-device loops --------------------------------------------------------------------
 
 
-def _optimistix_loop(solver, fn, raw0, args, max_steps, progress_every, bar_id):
+def _optimistix_loop(solver, fn, raw0, args, max_steps, progress):
     f_struct, aux_struct = jax.eval_shape(fn, raw0, args)
     tags = frozenset()
     state = solver.init(fn, raw0, args, {}, f_struct, aux_struct, tags)
@@ -143,7 +144,7 @@ def _optimistix_loop(solver, fn, raw0, args, max_steps, progress_every, bar_id):
         )
         still = jnp.where(same, still + 1, 0)
         done = done | (still >= _STALL)
-        _report(progress_every, bar_id, k + 1)
+        _report(progress, k + 1)
         return new_y, k + 1, eqx.partition(st, eqx.is_array)[0], done, res, still
 
     carry = (raw0, jnp.array(0), dyn0, jnp.array(False), res0, jnp.array(0))
@@ -158,7 +159,7 @@ _STALL = 20
 _PATIENCE = 10
 
 
-def _optax_loop(opt, f, raw0, max_steps, rtol, atol, progress_every, bar_id):
+def _optax_loop(opt, f, raw0, max_steps, rtol, atol, progress):
     value_and_grad = jax.value_and_grad(f)
 
     def cond(carry):
@@ -176,7 +177,7 @@ def _optax_loop(opt, f, raw0, max_steps, rtol, atol, progress_every, bar_id):
         calm = jnp.where(small, calm + 1, 0)
         ok = _all_finite(y) & jnp.isfinite(v)
         res = _where(ok, RESULTS.successful, RESULTS.nonfinite)
-        _report(progress_every, bar_id, k + 1)
+        _report(progress, k + 1)
         return y, k + 1, st, v, calm, res
 
     inf = jnp.array(jnp.inf, dtype=jnp.result_type(*jtu.tree_leaves(raw0)))
@@ -217,8 +218,10 @@ def _covariance(objective: Objective, param: Parametrisation, model, least_squar
 
 @eqx.filter_jit
 @eqx.debug.assert_max_traces(max_traces=None)
-def _fit_core(kind, solver, objective, param, template, raw0, max_steps, rtol, atol, progress):
-    progress_every, bar_id = progress
+def _fit_core(kind, solver, objective, param, template, raw0, limits, progress):
+    # `limits` (max_steps, rtol, atol) and the progress bar's period and id are arrays:
+    # changing them does not compile the fit again
+    max_steps, rtol, atol = limits
     flat0, unravel = ravel_pytree(raw0)
 
     def model_at(z, tmpl=template):
@@ -239,7 +242,7 @@ def _fit_core(kind, solver, objective, param, template, raw0, max_steps, rtol, a
         def f(z):
             return (objective(model_at(z)) - ref) / n_scale
 
-        z, steps, res = _optax_loop(solver, f, z0, max_steps, rtol, atol, progress_every, bar_id)
+        z, steps, res = _optax_loop(solver, f, z0, max_steps, rtol, atol, progress)
     else:
 
         def fn(z, args):
@@ -248,15 +251,29 @@ def _fit_core(kind, solver, objective, param, template, raw0, max_steps, rtol, a
                 return obj.residuals(model_at(z, tmpl)), None
             return (obj(model_at(z, tmpl)) - ref) / n_scale, None
 
-        z, steps, res = _optimistix_loop(
-            solver, fn, z0, (objective, template), max_steps, progress_every, bar_id
-        )
+        z, steps, res = _optimistix_loop(solver, fn, z0, (objective, template), max_steps, progress)
     best = objective.complete(model_at(z))
     values = objective.values(best)
     value = jnp.sum(objective.weights * values)
     cov, ok = _covariance(objective, param, best, objective.least_squares)
     res = _where((res == RESULTS.successful) & jnp.invert(ok), RESULTS.covariance_failed, res)
     return best, value, values, objective.chi2(best), steps, res, cov
+
+
+_Progress = tuple[bool, Array, Array]
+
+
+def _progress(every: int, bar_id: int) -> _Progress:
+    """Whether to report (static), every how many steps, and to which bar (arrays)."""
+    return every > 0, jnp.asarray(max(every, 1)), jnp.asarray(bar_id)
+
+
+def _limits(raw0, max_steps: int, rtol: float, atol: float) -> tuple[Array, Array, Array]:
+    """`max_steps`, `rtol` and `atol` as arrays (the tolerances in the parameters' dtype)."""
+    if int(max_steps) < 0:
+        raise ValueError(f"max_steps must be >= 0, got {max_steps}")
+    dtype = jnp.result_type(*jtu.tree_leaves(raw0))
+    return jnp.asarray(int(max_steps)), jnp.asarray(rtol, dtype), jnp.asarray(atol, dtype)
 
 
 def _prior_bounds(objective: Objective) -> dict[Where, Bounds]:
@@ -327,9 +344,10 @@ def fit(
       are solved at every evaluation (`GaussianLikelihood(..., linear=False)` fits them).
     - `bounds`: `{where: (lower, upper)}` overriding the default bounds of the profile
       classes (and of `UniformPrior` terms); parameters are reparametrised to stay inside.
-    - `max_steps`: solver steps at most; `rtol`, `atol`: tolerances of named solvers (and
-      of the optax loop's stopping rule: the objective changes by less than `atol + rtol
-      |f|` for 10 steps in a row); default 1e-6 in float64, 1e-3 in float32.
+    - `max_steps`: solver steps at most (another value reuses the compiled fit); `rtol`,
+      `atol`: tolerances of named solvers (and of the optax loop's stopping rule: the
+      objective changes by less than `atol + rtol |f|` for 10 steps in a row); default
+      1e-6 in float64, 1e-3 in float32.
     - `throw`: raise if the fit fails (else read `result.result`).
     - `progress`: show a progress bar (tqdm) updated every few steps from the device loop.
 
@@ -345,10 +363,11 @@ def fit(
         objective, model, solver, free, bounds, max_steps, rtol, atol
     )
     raw0 = param.to_raw(model)
+    limits = _limits(raw0, max_steps, rtol, atol)
     bar_id, every = _open_bar(progress, max_steps, name)
     try:
         out = _fit_core(
-            kind, solver_obj, objective, param, model, raw0, max_steps, rtol, atol, (every, bar_id)
+            kind, solver_obj, objective, param, model, raw0, limits, _progress(every, bar_id)
         )
         jax.block_until_ready(out)
     finally:
@@ -441,9 +460,11 @@ def fit_batch(
     for i in range(jtu.tree_leaves(raw0)[0].shape[0]):
         param.check(_index(models, i))
 
+    limits = _limits(_index(raw0, 0), max_steps, rtol, atol)
+
     @eqx.filter_vmap(in_axes=(obj_axes, 0, 0))
     def run(obj, tmpl, r0):
-        return _fit_core(kind, solver_obj, obj, param, tmpl, r0, max_steps, rtol, atol, (0, -1))
+        return _fit_core(kind, solver_obj, obj, param, tmpl, r0, limits, _progress(0, -1))
 
     return _result(run(objective, models, raw0), obj0, param, first, name, t0)
 
