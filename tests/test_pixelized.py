@@ -1023,6 +1023,30 @@ def test_sparse_kernels_give_the_same_sums_in_any_number_of_chunks(monkeypatch, 
         assert rel_err(vn, v1) < 1e-13
 
 
+@pytest.mark.precision_independent
+def test_sparse_kernels_compile_once_for_writable_and_read_only_inputs():
+    # JAX hands the host read-only views of its buffers, NumPy arrays are writable: the
+    # parallel kernels take every input read-only, so both reuse one compilation
+    from equilens.source._sparse import _kernels
+
+    kernels = _kernels()
+    n_s, arrays = _random_tile_inputs()
+    frozen = [a.copy() for a in arrays]
+    for a in frozen:
+        a.flags.writeable = False
+    rng = np.random.default_rng(4)
+    f_bar, e_bar = rng.normal(size=(n_s, n_s)), rng.normal(size=(n_s, arrays[2].shape[1]))
+    results, counts = [], []
+    for ops in (arrays, frozen):
+        f, e = kernels.forward(1, n_s, *ops)
+        w_bar, v_bar = kernels.backward(1, *ops[:4], f_bar, e_bar, *ops[4:])
+        results.append((f, e, w_bar, v_bar))
+        counts.append((len(kernels._forward.signatures), len(kernels._backward_inverse.signatures)))
+    assert counts[1] == counts[0]
+    for a, b in zip(*results, strict=True):
+        assert np.array_equal(a, b)
+
+
 @pytest.mark.x64_only
 def test_host_system_envelope_is_narrower_than_the_tiles_structure():
     # a point PSF and one source pixel per mapped pixel: F is diagonal, although the 16

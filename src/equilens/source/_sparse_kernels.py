@@ -216,6 +216,20 @@ ENVELOPE_MAX_COST = 0.5
 ACCUMULATOR_BYTES = 128 * 2**20
 
 
+def _readonly(*arrays):
+    """Read-only views of input operands (no copies). Numba compiles a kernel once per
+    combination of its arguments' types, read-only flags included: a JAX buffer's view is
+    read-only, a NumPy array (a converted operand, a test's input) is not. Passing every
+    input read-only keeps one compilation of each parallel kernel (tens of seconds each)."""
+    out = []
+    for a in arrays:
+        if isinstance(a, np.ndarray) and a.flags.writeable:
+            a = a.view()
+            a.flags.writeable = False
+        out.append(a)
+    return out
+
+
 @functools.lru_cache(maxsize=1)
 def _accumulators(n: int, n_s: int) -> np.ndarray:
     return np.empty((n, n_s, n_s))
@@ -242,6 +256,7 @@ def forward_into(n_threads, out, o, n_s, *arrays, keep=False):
     n_tiles = arrays[4].shape[0]
     n_chunks = max(1, min(n_threads, n_tiles, 1 + ACCUMULATOR_BYTES // (8 * n_s * n_s)))
     parts = _accumulators(n_chunks - 1, n_s)
+    arrays = _readonly(*arrays)
     e, first, nonzero, *blocks = _forward(n_chunks, _SYRK, parts, out, o, n_s, keep, *arrays)
     return e, first, nonzero, tuple(blocks)
 
@@ -429,7 +444,9 @@ def backward(n_threads, idx, w, values, inv_sigma, f_bar, e_bar, *tables):
 
 def backward_inverse(n_threads, *args):
     """The cotangents of `w` and `V` from the inverse of a system that holds `F` (see
-    `_backward_inverse`)."""
+    `_backward_inverse`; the inputs `idx, w, values, inv_sigma, e_bar` and the tables are
+    passed read-only, the host's own arrays as they are)."""
+    args = (*args[:7], *_readonly(*args[7:12]), *args[12:15], *_readonly(*args[15:]))
     return _backward_inverse(n_threads, _SYMM, *args)
 
 
