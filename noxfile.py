@@ -55,20 +55,7 @@ def tests(session: nox.Session, precision: str) -> None:
     """The fast suite (everything not marked `slow`) with jaxtyping + beartype runtime
     checks; float32 runs with x64 off."""
     session.install("-e", ".[test]")
-    env = {"EQUILENS_TEST_X64": "1" if precision == "float64" else "0"}
-    env |= _jax_cache(str(session.python), precision)
-    # the lenstronomy comparisons run in the crosscheck session, which installs lenstronomy
-    session.run(
-        "pytest",
-        "-n",
-        WORKERS,
-        "-m",
-        "not slow",
-        "--ignore=tests/test_crosscheck.py",
-        "-q",
-        *session.posargs,
-        env=env,
-    )
+    _pytest(session, "not slow", str(session.python), precision)
 
 
 @nox.session(python="3.11")
@@ -77,13 +64,20 @@ def slow(session: nox.Session) -> None:
     seeds and solvers, evidence fits) and every script in examples/ (tests/test_examples.py
     runs each in its own process), shared out over the pytest-xdist workers."""
     session.install("-e", ".[test]")
-    env = {"EQUILENS_TEST_X64": "1"} | _jax_cache("3.11", "float64")
+    _pytest(session, "slow", "3.11", "float64")
+
+
+def _pytest(session: nox.Session, marker: str, python: str, precision: str) -> None:
+    """pytest on the xdist workers: the tests selected by `marker`, in `precision`."""
+    env = {"EQUILENS_TEST_X64": "1" if precision == "float64" else "0"}
+    env |= _jax_cache(python, precision)
+    # the lenstronomy comparisons run in the crosscheck session, which installs lenstronomy
     session.run(
         "pytest",
         "-n",
         WORKERS,
         "-m",
-        "slow",
+        marker,
         "--ignore=tests/test_crosscheck.py",
         "-q",
         *session.posargs,

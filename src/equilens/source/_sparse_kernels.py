@@ -444,10 +444,8 @@ def backward(n_threads, idx, w, values, inv_sigma, f_bar, e_bar, *tables):
 
 def backward_inverse(n_threads, *args):
     """The cotangents of `w` and `V` from the inverse of a system that holds `F` (see
-    `_backward_inverse`; the inputs `idx, w, values, inv_sigma, e_bar` and the tables are
-    passed read-only, the host's own arrays as they are)."""
-    args = (*args[:7], *_readonly(*args[7:12]), *args[12:15], *_readonly(*args[15:]))
-    return _backward_inverse(n_threads, _SYMM, *args)
+    `_backward_inverse`, which writes none of its operands: all are passed read-only)."""
+    return _backward_inverse(n_threads, _SYMM, *_readonly(*args))
 
 
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath=_REASSOC)
