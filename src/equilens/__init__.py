@@ -39,6 +39,7 @@ from .solve import (
     FitResult as FitResult,
     fit as fit,
     fit_batch as fit_batch,
+    search as search,
 )
 from .source import (
     AdaptiveRectangularMesh as AdaptiveRectangularMesh,

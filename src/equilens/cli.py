@@ -1,20 +1,23 @@
 """The `equilens` command.
 
 `equilens demo [--output DIR] [--solver NAME]` fits the HST image of SDSS J0946+1006 shipped
-with the package (SIE + external shear, Sersic lens light, Sersic source with linear
+with the package (SIE + external shear, multi-Gaussian lens light, Sersic source with linear
 amplitudes, 3" circular mask, 2x2 supersampling, generic start) and writes `demo.json` and
 `demo.png` to DIR (default `equilens_demo`).
 
 `equilens fit IMAGE.fits --noise-map NOISE.fits --psf PSF.fits --pixel-scale 0.05
-[--mask MASK.fits] [--mask-radius R] --mass sie+shear [--lens-light sersic]
+[--mask MASK.fits] [--mask-radius R] --mass sie+shear [--lens-light mge|sersic|none]
 --source sersic --json OUT.json` fits a user's data the same way and writes OUT.json and a
 PNG next to it. With `--source pixelized [--mesh rectangular[:NYxNX]|adaptive[:NYxNX]|
 delaunay[:N]] [--regularization constant|curvature|adaptive|matern]
 [--regularization-strength L]` the parametric fit is followed by a pixelized-source fit that
 maximises the Bayesian evidence (strength fitted unless given); the JSON adds `log_evidence`
 and the source-plane reconstruction is written as OUT_source.fits (HDU 0 the source in
-flux/arcsec^2, HDU 1 its 1-sigma errors). Errors are one line on stderr and a non-zero exit
-status.
+flux/arcsec^2, HDU 1 its 1-sigma errors). `--lens-light` defaults to `mge` (a linear
+multi-Gaussian expansion); `none` is for data with the lens light removed. Errors are one
+line on stderr and exit status 1; a fit that did not converge, or converged to an
+implausible model (a parameter at a bound, a source larger than the data), writes its
+results, says why on stderr and exits with status 2.
 """
 
 import argparse
@@ -141,11 +144,13 @@ def run_fit(
     mesh: str = "rectangular",
     regularization: str = "constant",
     strength: float | None = None,
+    max_steps: int = 300,
 ) -> dict[str, str]:
     """Fits `imaging` (`equilens.solve.fit_lens`; for `source="pixelized"` followed by
     `equilens.solve.fit_pixelized`), prints the parameters with errors, and writes the JSON
     result to `json_path` and the figure next to it (`.png`; pixelized: also
-    `_source.fits`)."""
+    `_source.fits`). Returns the output paths and, under `"status"`, the final fit's
+    status in words (`"successful"` or why not)."""
     from .plot import plot_fit, plot_reconstruction
     from .solve import fit_lens, fit_pixelized, pixelized_model, write_json
 
@@ -161,7 +166,15 @@ def run_fit(
     # a progress bar per fit when a person is watching (stderr is a terminal)
     progress = sys.stderr.isatty()
     parametric = "sersic" if source == "pixelized" else source
-    result = fit_lens(imaging, mass, lens_light, parametric, solver=solver, progress=progress)
+    result = fit_lens(
+        imaging,
+        mass,
+        lens_light,
+        parametric,
+        solver=solver,
+        max_steps=max_steps,
+        progress=progress,
+    )
     extra = dict(extra or {})
     folder = os.path.dirname(os.path.abspath(json_path))
     os.makedirs(folder, exist_ok=True)
@@ -174,7 +187,12 @@ def run_fit(
         # the evidence is not least squares: lm -> the pipeline's default minimiser
         solver_px = None if solver == "lm" else solver
         result, inversion = fit_pixelized(
-            imaging, start, solver=solver_px, fit_strength=strength is None, progress=progress
+            imaging,
+            start,
+            solver=solver_px,
+            fit_strength=strength is None,
+            max_steps=max_steps,
+            progress=progress,
         )
         extra["log_evidence"] = float(inversion.log_evidence)
         extra["source_fits"] = base + "_source.fits"
@@ -186,6 +204,7 @@ def run_fit(
     print(result.table())
     write_json(json_path, result, **extra)
     print(f"  result: {json_path}\n  figure: {png}\n  wall time {time.perf_counter() - t0:.1f} s")
+    out["status"] = "successful" if result.success else result.message()
     return out
 
 
@@ -207,10 +226,10 @@ def run_demo(output: str, solver: str = "lm") -> dict[str, str]:
         imaging,
         os.path.join(output, "demo.json"),
         "sie+shear",
-        "sersic",
+        "mge",
         "sersic",
         solver,
-        title="SDSS J0946+1006 (HST F814W): SIE + shear, Sersic lens light, Sersic source",
+        title="SDSS J0946+1006 (HST F814W): SIE + shear, MGE lens light, Sersic source",
         extra={
             "data": "SDSS J0946+1006, HST ACS F814W (see equilens/_data/SDSSJ0946+1006)",
             "published_theta_E": 1.38,
@@ -235,7 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     fit.add_argument("--mask", help="FITS file, non-zero = pixel excluded")
     fit.add_argument("--mask-radius", type=float, help="use pixels within R arcsec of the centre")
     fit.add_argument("--mass", default="sie+shear", help="mass profiles, '+'-joined")
-    fit.add_argument("--lens-light", default=None, help="lens light profiles (default none)")
+    fit.add_argument(
+        "--lens-light",
+        default="mge",
+        help="lens light profiles, '+'-joined (default mge: a linear multi-Gaussian "
+        "expansion; sersic+sersic: a double Sersic); none for data with the lens removed",
+    )
     fit.add_argument("--source", default="sersic", help="source light profiles, or 'pixelized'")
     fit.add_argument(
         "--mesh", default="rectangular", help="pixelized source mesh: " + "|".join(MESHES)
@@ -251,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     fit.add_argument("--supersampling", type=int, default=1, help="sub-pixels per pixel side")
     fit.add_argument("--solver", default="lm", help="solver name (lm, bfgs, lbfgs, adam)")
+    fit.add_argument(
+        "--max-steps", type=int, default=300, help="solver steps at most, per fit (default 300)"
+    )
     fit.add_argument("--json", required=True, help="output JSON path (PNG written beside it)")
     args = parser.parse_args(argv)
 
@@ -259,10 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     jax.config.update("jax_enable_x64", True)
     try:
         if args.command == "demo":
-            run_demo(args.output, args.solver)
+            out = run_demo(args.output, args.solver)
         else:
             if args.supersampling < 1:
                 raise ValueError(f"--supersampling must be >= 1, got {args.supersampling}")
+            if args.max_steps < 1:
+                raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}")
             imaging = _load(
                 args.image,
                 args.noise_map,
@@ -272,21 +301,27 @@ def main(argv: list[str] | None = None) -> int:
                 args.mask_radius,
                 args.supersampling,
             )
-            run_fit(
+            lens_light = None if args.lens_light.lower() == "none" else args.lens_light
+            out = run_fit(
                 imaging,
                 args.json,
                 args.mass,
-                args.lens_light,
+                lens_light,
                 args.source,
                 args.solver,
                 mesh=args.mesh,
                 regularization=args.regularization,
                 strength=args.regularization_strength,
+                max_steps=args.max_steps,
             )
     except (ValueError, OSError, RuntimeError, TypeError) as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"equilens: error: {msg}", file=sys.stderr)
         return 1
+    if out["status"] != "successful":
+        # the results are written for inspection, but a failed fit is not a success
+        print(f"equilens: the fit did not succeed: {out['status']}", file=sys.stderr)
+        return 2
     return 0
 
 

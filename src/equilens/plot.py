@@ -1,5 +1,6 @@
 """Figures (matplotlib, imported lazily): a fit's data, model, residuals and source."""
 
+import dataclasses
 import os
 
 import numpy as np
@@ -17,21 +18,37 @@ def _extent(grid: Grid) -> list[float]:
     return [ox - nx * ps / 2, ox + nx * ps / 2, oy - ny * ps / 2, oy + ny * ps / 2]
 
 
+def asinh_stretch(image: np.ndarray, soft: float, vmax: float) -> np.ndarray:
+    """`asinh(image / soft) / asinh(vmax / soft)`: linear below `soft` (use about the noise
+    level, so faint arcs show), logarithmic above, 1 at `vmax` (Lupton et al. 2004)."""
+    soft = max(float(soft), 1e-30)
+    return np.arcsinh(image / soft) / np.arcsinh(max(float(vmax), soft) / soft)
+
+
 def plot_fit(system: LensSystem, imaging: Imaging, path: str | os.PathLike, title: str = "") -> str:
-    """Writes a four-panel PNG to `path`: the data (masked pixels greyed) with the critical
-    curves, the model image, the normalised residuals `(data - model) / noise` on the mask
-    (colour range +-5), and the source-plane surface brightness with the caustics. Returns
-    the path."""
+    """Writes a six-panel PNG to `path` of a fit with a parametric source:
+
+    1. the data with the critical curves (cyan), 2. the data minus the lens-light model
+    (the arcs), 3. the model of the lensed source alone, 4. the full model, all in an asinh
+    stretch (`asinh_stretch`: linear up to the median noise, logarithmic above, so faint
+    arcs and the bright lens both show; masked pixels greyed); 5. the normalised residuals
+    `(data - model) / noise` on the mask (colour range +-5); 6. the source plane zoomed on
+    the caustics (cyan), with the source's surface brightness (flux/arcsec^2).
+
+    Returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     grid = imaging.grid
-    model = np.asarray(system.image(grid, imaging.convolution))
+    conv = imaging.convolution
+    model = np.asarray(system.image(grid, conv))
+    source_only = np.asarray(dataclasses.replace(system, lens_light=None).image(grid, conv))
     data = np.asarray(imaging.data)
     mask = np.asarray(imaging.mask)
-    resid = np.where(mask, (data - model) / np.asarray(imaging.noise_map), np.nan)
+    noise = np.asarray(imaging.noise_map)
+    resid = np.where(mask, (data - model) / noise, np.nan)
     fine = Grid((2 * grid.shape[0], 2 * grid.shape[1]), grid.pixel_scale / 2, origin=grid.origin)
     crit = critical_curves(system.mass, fine)
     caus = caustics(system.mass, fine)
@@ -45,39 +62,50 @@ def plot_fit(system: LensSystem, imaging: Imaging, path: str | os.PathLike, titl
     src_grid = Grid((n, n), 2 * half / n, origin=(float(cx), float(cy)), supersampling=2)
     src = np.asarray(system.source_plane_image(src_grid))
 
-    vmax = np.nanpercentile(np.where(mask, data, np.nan), 99.5)
+    soft = float(np.median(noise[mask])) if mask.any() else 1.0
+    vmax = float(np.nanpercentile(np.where(mask, data, np.nan), 99.9))
+    arcs = data - (model - source_only)
+    arcs_max = float(np.nanpercentile(np.where(mask, arcs, np.nan), 99.9))
     ext = _extent(grid)
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.4), constrained_layout=True)
-    shown = np.where(mask, data, np.nan)
+    fig, axes = plt.subplots(2, 3, figsize=(15, 9.2), constrained_layout=True)
+    axes = axes.ravel()
     panels = [
-        (axes[0], shown, "data (flux/pixel)", "magma", (0, vmax)),
-        (axes[1], np.where(mask, model, np.nan), "model", "magma", (0, vmax)),
-        (axes[2], resid, "normalised residuals", "RdBu_r", (-5, 5)),
+        (axes[0], data, "data (asinh)", vmax),
+        (axes[1], arcs, "data - lens light model (asinh)", arcs_max),
+        (axes[2], source_only, "model: lensed source alone (asinh)", arcs_max),
+        (axes[3], model, "model (asinh)", vmax),
     ]
-    for ax, img, label, cmap, (lo, hi) in panels:
+    for ax, img, label, top in panels:
         ax.set_facecolor("0.85")
-        im = ax.imshow(img, origin="lower", extent=ext, cmap=cmap, vmin=lo, vmax=hi)
-        fig.colorbar(im, ax=ax, shrink=0.8)
+        shown = np.where(mask, asinh_stretch(img, soft, top), np.nan)
+        im = ax.imshow(shown, origin="lower", extent=ext, cmap="magma", vmin=-0.05, vmax=1.0)
+        fig.colorbar(im, ax=ax, shrink=0.8, label=f"asinh(flux / {soft:.2g}), scaled")
         ax.set_title(label)
-    for ax in axes[:2]:
+    ax = axes[4]
+    ax.set_facecolor("0.85")
+    im = ax.imshow(resid, origin="lower", extent=ext, cmap="RdBu_r", vmin=-5, vmax=5)
+    fig.colorbar(im, ax=ax, shrink=0.8, label="(data - model) / noise")
+    ax.set_title("normalised residuals")
+    for ax in axes[:5]:
         for line in crit:
             ax.plot(line[:, 0], line[:, 1], color="cyan", lw=0.8)
         ax.set_xlim(ext[:2])
         ax.set_ylim(ext[2:])
-    im = axes[3].imshow(src, origin="lower", extent=_extent(src_grid), cmap="magma")
+    ax = axes[5]
+    im = ax.imshow(src, origin="lower", extent=_extent(src_grid), cmap="magma")
     for line in caus:
-        axes[3].plot(line[:, 0], line[:, 1], color="cyan", lw=0.8)
+        ax.plot(line[:, 0], line[:, 1], color="cyan", lw=0.8)
     sext = _extent(src_grid)
-    axes[3].set_xlim(sext[:2])
-    axes[3].set_ylim(sext[2:])
-    axes[3].set_title("source (flux/arcsec$^2$) and caustics")
-    fig.colorbar(im, ax=axes[3], shrink=0.8)
+    ax.set_xlim(sext[:2])
+    ax.set_ylim(sext[2:])
+    ax.set_title("source plane and caustics")
+    fig.colorbar(im, ax=ax, shrink=0.8, label="flux/arcsec$^2$")
     for ax in axes:
         ax.set_xlabel("x [arcsec]")
         ax.set_ylabel("y [arcsec]")
     if title:
         fig.suptitle(title)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return str(path)
 

@@ -109,6 +109,7 @@ class Parametrisation(eqx.Module):
         free: PyTree[bool] | Callable[[Any], bool] | None = None,
         bounds: Mapping[Where, Bounds] | None = None,
         prior_bounds: Mapping[Where, Bounds] | None = None,
+        check: bool = True,
     ) -> "Parametrisation":
         """**Arguments:**
 
@@ -120,6 +121,7 @@ class Parametrisation(eqx.Module):
           shaped like `model` (see `select`), or a predicate on leaves.
         - `bounds`: `{where: (lower, upper)}` overriding the class defaults.
         - `prior_bounds`: bounds from uniform priors (used where `bounds` says nothing).
+        - `check`: check that `model` is inside the bounds (see below).
 
         Leaves solved linearly are never free (the objective solves them at every
         evaluation; use `GaussianLikelihood(..., linear=False)` to fit them instead).
@@ -154,7 +156,8 @@ class Parametrisation(eqx.Module):
                 bnd = [(lo, hi) if m else old for m, old in zip(mask, bnd, strict=True)]
         paths = tuple(jtu.keystr(p) for p, _ in path_leaves)
         out = cls(treedef, tuple(fr), tuple(bnd), paths)
-        out.check(model)
+        if check:
+            out.check(model)
         return out
 
     def check(self, model: PyTree[Any]) -> None:

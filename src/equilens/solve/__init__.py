@@ -1,5 +1,6 @@
 """Fitting: `fit` (one start), `fit_batch` and `multi_start` (vmapped batches of starts or
-objectives), `FitResult` and its `RESULTS` codes, saving and loading."""
+objectives), `search` (a global first stage: many starts screened, the best refined),
+`FitResult` and its `RESULTS` codes, plausibility checks, saving and loading."""
 
 from ._fit import (
     SOLVER_NAMES as SOLVER_NAMES,
@@ -18,10 +19,17 @@ from ._io import (
 )
 from ._pipeline import (
     fit_lens as fit_lens,
+    lens_bounds as lens_bounds,
     fit_pixelized as fit_pixelized,
     pixelized_model as pixelized_model,
 )
+from ._plausible import implausible_notes as implausible_notes
 from ._result import RESULTS as RESULTS, FitResult as FitResult
+from ._search import (
+    Search as Search,
+    lens_search_space as lens_search_space,
+    search as search,
+)
 from ._start import (
     LightMoments as LightMoments,
     light_moments as light_moments,

@@ -351,7 +351,10 @@ def fit(
     - `throw`: raise if the fit fails (else read `result.result`).
     - `progress`: show a progress bar (tqdm) updated every few steps from the device loop.
 
-    **Returns:** a `FitResult`.
+    **Returns:** a `FitResult`. A fit that converged to an implausible model (a parameter
+    at a bound, a source larger than the data, an Einstein radius beyond the data or under
+    two pixels: `equilens.solve.implausible_notes`) has the status `RESULTS.implausible`
+    and says why in `notes`: a local minimum, not a success.
 
     Raises `ValueError` for an incompatible combination (Levenberg-Marquardt with a term
     that has no residuals, no free parameter, a start outside the bounds), naming the
@@ -373,6 +376,11 @@ def fit(
     finally:
         _close_bar(bar_id)
     result = _result(out, objective, param, model, name, t0)
+    from ._plausible import implausible_notes, with_plausibility
+
+    result = with_plausibility(
+        result, implausible_notes(objective, result.model, free=free, bounds=bounds)
+    )
     if throw:
         _raise_if_failed(result)
     return result

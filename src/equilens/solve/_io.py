@@ -52,7 +52,8 @@ def result_to_dict(result: FitResult) -> dict[str, Any]:
     """A JSON-ready summary of a fit of a `LensSystem`: per component its field
     (`mass`, `lens_light`, `source`), index, class name and every parameter by keyword name
     with its 1-sigma error (None for parameters held fixed; amplitudes solved linearly are
-    marked `"linear"`), plus chi2, reduced chi2, steps, status and wall time."""
+    marked `"linear"`), plus chi2, reduced chi2, steps, status (`success`, and `notes` saying why a
+    result is implausible) and wall time."""
     system = result.model
     if not isinstance(system, LensSystem):
         raise TypeError("result_to_dict needs the result of fitting a LensSystem")
@@ -98,6 +99,8 @@ def result_to_dict(result: FitResult) -> dict[str, Any]:
         "num_steps": int(result.num_steps),
         "solver": result.solver,
         "status": result.message(),
+        "success": result.success,
+        "notes": list(result.notes),
         "wall_time_s": result.wall_time,
     }
 

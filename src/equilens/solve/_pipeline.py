@@ -22,21 +22,52 @@ from ..source import (
 )
 from ..terms import GaussianLikelihood, LogEvidence
 from ._fit import SolverLike, fit
+from ._plausible import SIZE_FIELDS
 from ._result import FitResult
+from ._search import lens_search_space, search
 from ._start import light_moments, start_model
 
-#: Einstein-radius starts of `fit_lens`, as fractions of the mask radius.
-THETA_E_FRACTIONS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+#: The Einstein radii `fit_lens` searches, as fractions of the mask radius, and its bounds.
+THETA_E_SEARCH = (0.1, 0.8)
+THETA_E_BOUNDS = (0.02, 1.0)
+#: Upper bound of a parametric source's size (`R_sersic`, `sigma`, `beta`), as a fraction
+#: of the mask radius: a lensed source is compact next to its Einstein ring.
+SOURCE_SIZE_BOUND = 0.5
+
+
+def lens_bounds(model: LensSystem, mask_radius: float) -> dict[Any, tuple[float, float]]:
+    """The physical bounds `fit_lens` fits within: the Einstein radius of the first mass
+    component within `THETA_E_BOUNDS` x `mask_radius`, and every parametric source
+    component's size below `SOURCE_SIZE_BOUND` x `mask_radius` (a source that runs off to
+    a huge, diffuse blob then ends at a bound, which `implausible_notes` reports)."""
+    te = _einstein_radius_where(model)
+    out: dict[Any, tuple[float, float]] = {
+        te: (THETA_E_BOUNDS[0] * mask_radius, THETA_E_BOUNDS[1] * mask_radius)
+    }
+    size_hi = SOURCE_SIZE_BOUND * mask_radius
+    comps = getattr(model.source, "components", None)
+    for i, c in enumerate(comps if comps is not None else (model.source,)):
+        for name in SIZE_FIELDS:
+            if any(f.name == name for f in dataclasses.fields(c)) and name not in getattr(
+                type(c), "fixed", ()
+            ):
+                if comps is None:
+                    out[lambda s, n=name: getattr(s.source, n)] = (0.0, size_hi)
+                else:
+                    out[lambda s, i=i, n=name: getattr(s.source.components[i], n)] = (0.0, size_hi)
+    return out
 
 
 def fit_lens(
     imaging: Imaging,
     mass: str = "sie+shear",
-    lens_light: str | None = "sersic",
+    lens_light: str | None = "mge",
     source: str = "sersic",
     *,
     solver: SolverLike = "lm",
     max_steps: int = 300,
+    n_screen: int = 512,
+    n_refine: int = 8,
     log: Callable[[str], None] | None = print,
     progress: bool = False,
 ) -> FitResult:
@@ -44,18 +75,25 @@ def fit_lens(
     pipeline of the field, e.g. PyAutoLens's SLaM):
 
     1. the lens light alone (mass and source held at their starts);
-    2. the mass and source, from Einstein radii `THETA_E_FRACTIONS` x the mask radius (each
-       start fitted in turn, the same compiled solver), keeping the best;
-    3. everything together, from the best stage-2 model; its covariance is reported.
+    2. a global search (`equilens.solve.search`) over the mass and source: `n_screen`
+       starts over the Einstein radius (`THETA_E_SEARCH` x the mask radius), mass
+       ellipticity, shear and source position, screened in one vmapped batch; the best
+       `n_refine` refined together; the best plausible minimum kept;
+    3. everything together, from that model; its covariance is reported.
 
-    Profiles are named as in `start_model` (`"sie+shear"`, `"sersic"`, ...); every
+    Profiles are named as in `start_model` (`"sie+shear"`, `"mge"`, `"sersic"`, ...); every
     starting value comes from the data (`light_moments`); the amplitudes are solved
-    linearly. Returns the stage-3 `FitResult` (wall time of all stages).
+    linearly; `lens_bounds` keeps the Einstein radius inside the data and the source
+    compact. A result at a bound or otherwise implausible has the status
+    `RESULTS.implausible` with the reasons in `notes`. Returns the stage-3 `FitResult`
+    (wall time of all stages).
     """
     t0 = time.perf_counter()
     say = log or (lambda _: None)
     objective = Objective(GaussianLikelihood(imaging))
     model = start_model(imaging, mass, lens_light, source)
+    radius = light_moments(imaging).mask_radius
+    bounds = lens_bounds(model, radius)
     if lens_light is not None:
         r = fit(
             objective,
@@ -68,24 +106,31 @@ def fit_lens(
         )
         say(f"  stage 1 (lens light): reduced chi2 {float(r.reduced_chi2):.3f}")
         model = r.model
-    radius = light_moments(imaging).mask_radius
-    best, best_value = None, np.inf
-    free = select(model, lambda s: (s.mass, s.source))
-    for frac in THETA_E_FRACTIONS:
-        te = frac * radius
-        start = eqx.tree_at(
-            _einstein_radius_where(model), model, jnp.asarray(te, imaging.data.dtype)
-        )
-        r = fit(
-            objective, start, solver, free=free, max_steps=max_steps, throw=False, progress=progress
-        )
-        value = float(r.value)
-        say(f'  stage 2 from theta_E = {te:.2f}": reduced chi2 {float(r.reduced_chi2):.3f}')
-        if np.isfinite(value) and value < best_value:
-            best, best_value = r, value
-    if best is None:
-        raise RuntimeError("every stage-2 start failed")
-    r = fit(objective, best.model, solver, max_steps=max_steps, throw=False, progress=progress)
+    space = lens_search_space(
+        model, theta_E=(THETA_E_SEARCH[0] * radius, THETA_E_SEARCH[1] * radius)
+    )
+    found = search(
+        objective,
+        model,
+        space,
+        n_screen=n_screen,
+        n_refine=n_refine,
+        solver=solver,
+        free=select(model, lambda s: (s.mass, s.source)),
+        bounds=bounds,
+        max_steps=max_steps,
+    )
+    say("  stage 2 (mass and source), " + found.summary().replace("\n", "\n  "))
+    say(f"    best: reduced chi2 {float(found.best.reduced_chi2):.3f}, {found.best.message()}")
+    r = fit(
+        objective,
+        found.best.model,
+        solver,
+        bounds=bounds,
+        max_steps=max_steps,
+        throw=False,
+        progress=progress,
+    )
     say(f"  stage 3 (all free): reduced chi2 {float(r.reduced_chi2):.3f}, {r.message()}")
     return dataclasses.replace(r, wall_time=time.perf_counter() - t0)
 

@@ -16,6 +16,10 @@ class RESULTS(optx.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
         "The Hessian at the optimum is not positive definite: no covariance (the fit may "
         "not be at a minimum, or a parameter is unconstrained by the data)."
     )
+    implausible = (
+        "The fit converged to an implausible model (a parameter at a bound, a source larger "
+        "than the data, or an Einstein radius beyond the data): a local minimum; see `notes`."
+    )
 
 
 class FitResult(eqx.Module):
@@ -37,6 +41,8 @@ class FitResult(eqx.Module):
       amplitudes solved inside the objective this is the covariance marginalised over them.
     - `names`: path of every free scalar parameter, e.g. `mass.components[0].theta_E`.
     - `solver`: the solver's name; `wall_time`: seconds (host clock, compile included).
+    - `notes`: why the model is implausible (`equilens.solve.implausible_notes`; the
+      status is then `RESULTS.implausible`), empty otherwise.
 
     Batched fits (`fit_batch`, `multi_start`) give the array fields a leading batch axis;
     `equilens.solve.pick(result, i)` takes one element.
@@ -54,6 +60,7 @@ class FitResult(eqx.Module):
     n_linear: int = eqx.field(static=True)
     solver: str = eqx.field(static=True)
     wall_time: float = eqx.field(static=True, default=float("nan"))
+    notes: tuple[str, ...] = eqx.field(static=True, default=())
 
     @property
     def n_free(self) -> int:
@@ -92,7 +99,12 @@ class FitResult(eqx.Module):
         return bool(np.all(np.asarray(self.result._value) == RESULTS.successful._value))  # pyright: ignore
 
     def message(self) -> str:
-        return RESULTS[self.result] or "successful"
+        """The status in words (with the `notes`, if any)."""
+        out = RESULTS[self.result] or "successful"
+        if self.notes:
+            short = "implausible" if self.result == RESULTS.implausible else out
+            out = f"{short}: {'; '.join(self.notes)}"
+        return out
 
     def table(self) -> str:
         """The free parameters with their 1-sigma errors, one per line."""

@@ -40,6 +40,10 @@ MASS_NAMES = {
     "shear": ExternalShear,
     "sheet": ConvergenceSheet,
 }
+#: Gaussians of a multi-Gaussian expansion built by `start_model` (widths log-spaced from
+#: a pixel to the mask's edge for the lens light; amplitudes solved linearly).
+MGE_GAUSSIANS = 20
+
 LIGHT_NAMES = {
     "sersic": Sersic,
     "coresersic": CoreSersic,
@@ -131,18 +135,20 @@ def _build(cls: type, starts: Mapping[str, Any]) -> Any:
 def start_model(
     imaging: Imaging,
     mass: str = "sie+shear",
-    lens_light: str | None = "sersic",
+    lens_light: str | None = "mge",
     source: str = "sersic",
     *,
     theta_E: float | None = None,
 ) -> LensSystem:
     """A starting `LensSystem` for `imaging`, built from profile names (`+` joins several:
-    `"sie+shear"`), with every starting value taken from the data: the lens centre and the
-    lens light's ellipticity and size from `light_moments`, the Einstein radius (unless
-    given) as 0.4 of the mask radius, the source at the lens centre with a radius of a
-    tenth of the Einstein radius, round profiles, no shear, Sersic indices 4 (lens) and 1
-    (source), unit amplitudes (solved linearly in fits). Raises `ValueError` for an unknown
-    name."""
+    `"sie+shear"`; `"sersic+sersic"` a double Sersic, the second one three times wider
+    with n = 1), with every starting value taken from the data: the lens centre and the
+    lens light's ellipticity and size from `light_moments` (an `"mge"` lens light has
+    `MGE_GAUSSIANS` Gaussians log-spaced in width from a pixel to the mask radius), the
+    Einstein radius (unless given) as 0.4 of the mask radius, the source at the lens centre
+    with a radius of a tenth of the Einstein radius, round profiles, no shear, Sersic
+    indices 4 (lens) and 1 (source), unit amplitudes (solved linearly in fits). Raises
+    `ValueError` for an unknown name."""
     mom = light_moments(imaging)
     te = 0.4 * mom.mask_radius if theta_E is None else float(theta_E)
     centre = {"center_x": mom.center_x, "center_y": mom.center_y}
@@ -182,13 +188,26 @@ def start_model(
         "beta": src_size,
     }
 
-    def light(names: str, starts: dict, what: str) -> AbstractLightProfile:
+    def light(names: str, starts: dict, what: str, lens: bool) -> AbstractLightProfile:
         comps = []
+        seen: dict[type, int] = {}
         for cls in _parse(names, LIGHT_NAMES, what):
+            k = seen[cls] = seen.get(cls, -1) + 1
             if cls is MGE:
-                sig = np.geomspace(0.05, 3.0, 10) * starts["sigma"]
+                if lens:  # the lens galaxy: from a pixel to the mask's edge
+                    lo, hi = imaging.pixel_scale, max(mom.mask_radius, 2 * imaging.pixel_scale)
+                else:
+                    lo, hi = 0.05 * starts["sigma"], 3.0 * starts["sigma"]
+                sig = np.geomspace(lo, hi, MGE_GAUSSIANS) * 2.0**k
                 comps.append(
-                    MGE(np.ones(10), sig, center_x=starts["center_x"], center_y=starts["center_y"])
+                    MGE(
+                        np.ones(MGE_GAUSSIANS),
+                        sig,
+                        e1=starts.get("e1", 0.0),
+                        e2=starts.get("e2", 0.0),
+                        center_x=starts["center_x"],
+                        center_y=starts["center_y"],
+                    )
                 )
             elif cls is Shapelets:
                 n_max = 6
@@ -199,6 +218,12 @@ def start_model(
                         **{k: starts[k] for k in ("beta", "center_x", "center_y")},
                     )
                 )
+            elif k:
+                # a second profile of a kind (a double Sersic: bulge + envelope) starts
+                # larger and less concentrated, so the two are not degenerate
+                wider = {**starts, "R_sersic": starts["R_sersic"] * 3.0**k, "n_sersic": 1.0}
+                wider["sigma"] = starts["sigma"] * 3.0**k
+                comps.append(_build(cls, wider))
             else:
                 comps.append(_build(cls, starts))
         out = comps[0]
@@ -214,6 +239,8 @@ def start_model(
         m = m + c
     return LensSystem(
         mass=m,
-        source=light(source, src_starts, "source"),
-        lens_light=None if lens_light is None else light(lens_light, lens_starts, "lens-light"),
+        source=light(source, src_starts, "source", False),
+        lens_light=None
+        if lens_light is None
+        else light(lens_light, lens_starts, "lens-light", True),
     )

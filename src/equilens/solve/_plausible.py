@@ -1,0 +1,120 @@
+"""Plausibility of a fitted lens model: what a converged fit can still get wrong."""
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax.tree_util as jtu
+import numpy as np
+from jaxtyping import PyTree
+
+from .._lens_system import LensSystem
+from ..light import AbstractLightProfile
+from ..mass import MassSum
+from ..objective import Objective, Parametrisation
+from ..objective._params import Bounds, Where, linear_leaves
+from ._result import RESULTS, FitResult
+
+#: A free parameter closer to a finite bound than this fraction of its interval is "at" it.
+AT_BOUND = 1e-4
+
+#: Fields that give a parametric source component's size (arcsec).
+SIZE_FIELDS = ("R_sersic", "sigma", "beta")
+
+
+def _data_radius(objective: Objective) -> tuple[float, float] | None:
+    """Half the larger side of the box around the used pixels of the imaging terms, and the
+    finest pixel scale (arcsec); None without imaging terms."""
+    radius, scale = 0.0, np.inf
+    for t in objective.imaging_terms():
+        im = t.imaging
+        used = np.asarray(im.mask)
+        x, y = np.asarray(im.grid.x)[used], np.asarray(im.grid.y)[used]
+        if x.size:
+            radius = max(radius, 0.5 * float(max(np.ptp(x), np.ptp(y))) + im.pixel_scale)
+        scale = min(scale, float(im.pixel_scale))
+    return (radius, scale) if radius > 0 else None
+
+
+def _components(profile: Any) -> tuple[Any, ...]:
+    if profile is None:
+        return ()
+    return tuple(getattr(profile, "components", (profile,)))
+
+
+def implausible_notes(
+    objective: Objective,
+    model: PyTree[Any],
+    *,
+    free: PyTree[bool] | Callable[[Any], bool] | None = None,
+    bounds: Mapping[Where, Bounds] | None = None,
+) -> tuple[str, ...]:
+    """Why a fitted `model` is implausible, one note per reason (empty when it is not):
+
+    - a free parameter (chosen and bounded as in `equilens.fit`) within `AT_BOUND` of a
+      finite bound of a two-sided interval: the data did not stop it, the bound did;
+    - for a `LensSystem` fitted to imaging: a parametric source component larger than the
+      data (its `R_sersic`, `sigma` or `beta` beyond the half-width of the used pixels: a
+      source that has run off to a diffuse blob), an Einstein radius beyond the data or
+      smaller than two pixels (no lensing resolved).
+    """
+    from ._fit import _prior_bounds
+
+    notes: list[str] = []
+    param = Parametrisation.build(
+        model,
+        linear_leaves(model, objective),
+        free=free,
+        bounds=bounds,
+        prior_bounds=_prior_bounds(objective),
+        check=False,
+    )
+    for leaf, f, b, path in zip(
+        jtu.tree_leaves(model), param.free, param.bounds, param.leaf_paths, strict=True
+    ):
+        if not f or b is None or not (np.isfinite(b[0]) and np.isfinite(b[1])):
+            continue
+        v = np.asarray(leaf, dtype=float)
+        tol = AT_BOUND * (b[1] - b[0])
+        if np.any(v - b[0] < tol) or np.any(b[1] - v < tol):
+            val = f"{float(v):.6g}" if v.ndim == 0 else str(v.tolist())
+            notes.append(f"{path.lstrip('.')} = {val} is at its bound {b}")
+    extent = _data_radius(objective)
+    if isinstance(model, LensSystem) and extent is not None:
+        radius, scale = extent
+        for i, c in enumerate(_components(model.source)):
+            if not isinstance(c, AbstractLightProfile):
+                continue
+            for name in SIZE_FIELDS:
+                if hasattr(c, name):
+                    size = float(np.max(np.asarray(getattr(c, name))))
+                    if size > radius:
+                        where = "source" if len(_components(model.source)) == 1 else f"source[{i}]"
+                        notes.append(
+                            f'{where}.{name} = {size:.4g}" is larger than the data '
+                            f'(half-width {radius:.3g}"): the source has run off to a diffuse '
+                            "blob"
+                        )
+        comps = model.mass.components if isinstance(model.mass, MassSum) else (model.mass,)
+        for i, c in enumerate(comps):
+            if any(f.name == "theta_E" for f in dataclasses.fields(c)):
+                te = float(np.max(np.asarray(c.theta_E)))  # pyright: ignore[reportAttributeAccessIssue]
+                if te > radius:
+                    notes.append(
+                        f'mass[{i}].theta_E = {te:.4g}" is beyond the data ({radius:.3g}")'
+                    )
+                elif te < 2 * scale:
+                    notes.append(
+                        f'mass[{i}].theta_E = {te:.4g}" is under two pixels: no lensing resolved'
+                    )
+    return tuple(notes)
+
+
+def with_plausibility(result: FitResult, notes: tuple[str, ...]) -> FitResult:
+    """`result` with `notes` attached; a successful status becomes `RESULTS.implausible`."""
+    if not notes:
+        return result
+    code = result.result
+    if result.success:
+        code = RESULTS.implausible
+    return dataclasses.replace(result, result=code, notes=tuple(notes))

@@ -1,0 +1,272 @@
+"""`search`: a global first stage. Many starts screened in one compiled, vmapped batch, the
+best few refined together by gradient steps, the best plausible minimum kept."""
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+from jaxtyping import Array, Float, PyTree
+
+from .._lens_system import LensSystem
+from ..mass import ExternalShear, MassSum
+from ..objective import Objective
+from ..objective._params import Bounds, Where
+from ._fit import SolverLike, fit, fit_batch, pick
+from ._plausible import implausible_notes, with_plausibility
+from ._result import RESULTS, FitResult
+
+#: Default half-widths of `lens_search_space`: mass ellipticity components, shear
+#: components, and the source position as a fraction of the largest Einstein radius.
+ELLIPTICITY_RANGE = 0.3
+SHEAR_RANGE = 0.1
+SOURCE_OFFSET = 0.25
+
+
+def lens_search_space(
+    model: LensSystem, theta_E: tuple[float, float] | None = None
+) -> dict[Where, Bounds]:
+    """The default `search` space of a `LensSystem`: the Einstein radius of the first mass
+    component over `theta_E` (arcsec; default 0.5 to 2 times its starting value), its
+    `e1`, `e2` within +-`ELLIPTICITY_RANGE`, every `ExternalShear`'s `gamma1`, `gamma2`
+    within +-`SHEAR_RANGE`, and the first source component's centre within
+    +-`SOURCE_OFFSET` x the largest Einstein radius of its start (a source lies close to
+    the caustics, near the lens centre). Parameters the model lacks are left out.
+
+    Raises `ValueError` when the first mass component has no `theta_E`, or for an empty
+    or reversed `theta_E` range."""
+    comps = model.mass.components if isinstance(model.mass, MassSum) else (model.mass,)
+    first = comps[0]
+    names = {f.name for f in dataclasses.fields(first)}
+    if "theta_E" not in names:
+        raise ValueError(
+            f"lens_search_space needs a first mass component with theta_E, got "
+            f"{type(first).__name__}"
+        )
+    mass_at: Callable[[LensSystem], Any]
+    if isinstance(model.mass, MassSum):
+        mass_at = lambda s: s.mass.components[0]
+    else:
+        mass_at = lambda s: s.mass
+    if theta_E is None:
+        te = float(first.theta_E)  # pyright: ignore[reportAttributeAccessIssue]
+        theta_E = (0.5 * te, 2.0 * te)
+    lo, hi = float(theta_E[0]), float(theta_E[1])
+    if not 0 < lo < hi:
+        raise ValueError(f"theta_E range must satisfy 0 < lower < upper, got {theta_E}")
+    space: dict[Where, Bounds] = {lambda s: mass_at(s).theta_E: (lo, hi)}
+    if {"e1", "e2"} <= names:
+        r = ELLIPTICITY_RANGE
+        space[lambda s: mass_at(s).e1] = (-r, r)
+        space[lambda s: mass_at(s).e2] = (-r, r)
+    for i, c in enumerate(comps):
+        if isinstance(c, ExternalShear) and isinstance(model.mass, MassSum):
+            space[lambda s, i=i: s.mass.components[i].gamma1] = (-SHEAR_RANGE, SHEAR_RANGE)
+            space[lambda s, i=i: s.mass.components[i].gamma2] = (-SHEAR_RANGE, SHEAR_RANGE)
+    src = model.source
+    src_at: Callable[[LensSystem], Any] | None = None
+    if hasattr(src, "components"):
+        if hasattr(src.components[0], "center_x"):  # pyright: ignore[reportAttributeAccessIssue]
+            src_at = lambda s: s.source.components[0]
+            src = src.components[0]  # pyright: ignore[reportAttributeAccessIssue]
+    elif hasattr(src, "center_x"):
+        src_at = lambda s: s.source
+    if src_at is not None:
+        cx = float(first.center_x) if hasattr(first, "center_x") else 0.0  # pyright: ignore
+        cy = float(first.center_y) if hasattr(first, "center_y") else 0.0  # pyright: ignore
+        d = SOURCE_OFFSET * hi
+        at = src_at
+        space[lambda s: at(s).center_x] = (cx - d, cx + d)
+        space[lambda s: at(s).center_y] = (cy - d, cy + d)
+    return space
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+    """The outcome of `search`.
+
+    - `best`: the chosen `FitResult` (the lowest objective among the refined starts that
+      converged to a plausible model; else the lowest of all, its status saying why not).
+    - `refined`: every refined start's `FitResult`, batched along a leading axis (see
+      `equilens.solve.pick`); `notes[i]` says why start `i` is implausible (empty if not).
+    - `screen_points`: the screened starts, shape `(n_screen, n_space)`, ordered as
+      `names`; `screen_values`: the objective at each; `refined_index`: which of them
+      were refined, best screened first.
+    - `best_index`: index of `best` in `refined`; `wall_time`: seconds, compile included.
+    """
+
+    best: FitResult
+    refined: FitResult
+    notes: tuple[tuple[str, ...], ...]
+    names: tuple[str, ...]
+    screen_points: np.ndarray
+    screen_values: np.ndarray
+    refined_index: np.ndarray
+    best_index: int
+    wall_time: float
+
+    def summary(self, tolerance: float = 1.0) -> str:
+        """How the chosen minimum compares with the others: how many refined starts reached
+        it (objective within `tolerance`, i.e. a chi2 within 2 x `tolerance`), the
+        distinct other minima and how much worse each is."""
+        values = np.asarray(self.refined.value, dtype=float)
+        ok = np.asarray(self.refined.result._value) == _code(RESULTS.successful)  # pyright: ignore
+        best = float(values[self.best_index])
+        same = int(np.sum(np.abs(values - best) <= tolerance))
+        lines = [
+            f"search: {len(self.screen_values)} starts screened, the best "
+            f"{len(values)} refined ({self.refined.solver}); {same} of {len(values)} reached "
+            f"the chosen minimum (objective {best:.2f}) within the refinement steps, "
+            f"{int(ok.sum())} converged"
+        ]
+        others = sorted({round(float(v), 1) for v in values if abs(v - best) > tolerance})
+        if others:
+            gaps = ", ".join(f"+{v - best:.1f}" for v in others[:5])
+            lines.append(f"  other minima (objective above the chosen one): {gaps}")
+        return "\n".join(lines)
+
+
+def _names(model: PyTree[Any], space: Mapping[Where, Bounds]) -> tuple[str, ...]:
+    flat = jtu.tree_flatten_with_path(model)[0]
+    paths = {id(leaf): jtu.keystr(p).lstrip(".") for p, leaf in flat}
+    out = []
+    for where in space:
+        leaf = where(model)
+        out.append(paths.get(id(leaf), "?"))
+    return tuple(out)
+
+
+def _check_space(model: PyTree[Any], space: Mapping[Where, Bounds]) -> None:
+    if not space:
+        raise ValueError("the search space is empty")
+    for where, (lo, hi) in space.items():
+        leaf = where(model)
+        if not eqx.is_inexact_array(leaf) or jnp.ndim(leaf) != 0:
+            raise ValueError("every search-space entry must pick one scalar float parameter")
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ValueError(
+                f"search-space bounds must be finite with lower < upper, got {(lo, hi)}"
+            )
+
+
+@eqx.filter_jit
+def _screen(objective: Objective, model, wheres, points: Float[Array, "n d"]) -> Float[Array, " n"]:
+    def value(p):
+        v = objective(_set(model, wheres, p))
+        return jnp.where(jnp.isfinite(v), v, jnp.inf)
+
+    return jax.lax.map(value, points, batch_size=64)
+
+
+def search(
+    objective: Objective,
+    model: PyTree[Any],
+    space: Mapping[Where, Bounds] | None = None,
+    *,
+    n_screen: int = 512,
+    n_refine: int = 8,
+    solver: SolverLike = "lm",
+    free: PyTree[bool] | Callable[[Any], bool] | None = None,
+    bounds: Mapping[Where, Bounds] | None = None,
+    refine_steps: int = 100,
+    max_steps: int = 500,
+    seed: int = 0,
+) -> Search:
+    """A global fit that does not depend on a lucky start.
+
+    1. `n_screen` starts fill `space` (`{where: (lower, upper)}`, one scalar parameter
+       each; default `lens_search_space(model)`: Einstein radius, mass ellipticity,
+       shear and source position) evenly, as a scrambled Sobol sequence (`seed`); every
+       other parameter keeps its value in `model`. The objective is evaluated at all of
+       them in one compiled, vmapped batch. A source's size is not searched, so a source
+       that would run off to a huge, diffuse blob cannot win the screening.
+    2. The `n_refine` best are fitted together for up to `refine_steps` steps
+       (`fit_batch` with `solver`, `free`, `bounds`; the batch runs until its slowest
+       member stops, so a few hundred steps of hopeless starts cost as much as the rest).
+    3. The result is the refined fit with the lowest objective among those that reached a
+       plausible model (`equilens.solve.implausible_notes`: no parameter at a bound, no
+       source larger than the data, no Einstein radius beyond it or under two pixels);
+       one still descending is finished by `fit` (up to `max_steps` more steps).
+
+    `Search.summary()` tells how many refined starts reached the chosen minimum and how
+    far the others are. Raises `ValueError` for a bad space or counts.
+    """
+    t0 = time.perf_counter()
+    if model is None or not isinstance(objective, Objective):
+        raise TypeError("search needs an equilens Objective and a starting model")
+    if n_screen < 1 or not 1 <= n_refine <= n_screen:
+        raise ValueError(
+            f"need n_screen >= 1 and 1 <= n_refine <= n_screen, got {n_screen}, {n_refine}"
+        )
+    if space is None:
+        if not isinstance(model, LensSystem):
+            raise ValueError("pass a search space for a model that is not a LensSystem")
+        space = lens_search_space(model)
+    _check_space(model, space)
+    wheres = tuple(space)
+    lo = np.array([b[0] for b in space.values()], dtype=float)
+    hi = np.array([b[1] for b in space.values()], dtype=float)
+    from scipy.stats import qmc
+
+    # powers of two keep the Sobol sequence balanced; draw that many, keep n_screen
+    m = max(math.ceil(math.log2(n_screen)), 1)
+    u = qmc.Sobol(len(wheres), scramble=True, seed=seed).random_base2(m)[:n_screen]
+    points = lo + (hi - lo) * u
+    dtype = jnp.result_type(*[w(model) for w in wheres])
+    values = np.asarray(_screen(objective, model, wheres, jnp.asarray(points, dtype)))
+    order = np.argsort(values, kind="stable")[:n_refine]
+    starts = jax.vmap(
+        lambda p: _set(model, wheres, p),
+    )(jnp.asarray(points[order], dtype))
+    refined = fit_batch(objective, starts, solver, free=free, bounds=bounds, max_steps=refine_steps)
+    notes = tuple(
+        implausible_notes(objective, pick(refined, i).model, free=free, bounds=bounds)
+        for i in range(n_refine)
+    )
+    final = np.asarray(refined.value, dtype=float)
+    codes = np.asarray(refined.result._value)  # pyright: ignore[reportAttributeAccessIssue]
+    # a start still descending after refine_steps may be the best: it is finished below
+    usable = np.isin(codes, [_code(RESULTS.successful), _code(RESULTS.nonlinear_max_steps_reached)])
+    good = usable & np.array([not n for n in notes]) & np.isfinite(final)
+    pool = np.where(good, final, np.inf)
+    if not np.isfinite(pool).any():
+        pool = np.nan_to_num(final, nan=np.inf)
+    k = int(np.argmin(pool))
+    best = with_plausibility(pick(refined, k), notes[k])
+    if codes[k] == _code(RESULTS.nonlinear_max_steps_reached):
+        best = fit(
+            objective,
+            best.model,
+            solver,
+            free=free,
+            bounds=bounds,
+            max_steps=max_steps,
+            throw=False,
+        )
+    return Search(
+        best=best,
+        refined=refined,
+        notes=notes,
+        names=_names(model, space),
+        screen_points=points,
+        screen_values=values,
+        refined_index=order,
+        best_index=k,
+        wall_time=time.perf_counter() - t0,
+    )
+
+
+def _code(result: RESULTS) -> Any:
+    return np.asarray(result._value)  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def _set(model: PyTree[Any], wheres: tuple[Where, ...], p: Float[Array, " d"]) -> PyTree[Any]:
+    for i, w in enumerate(wheres):
+        model = eqx.tree_at(w, model, p[i].astype(w(model).dtype))
+    return model

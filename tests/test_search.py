@@ -1,0 +1,147 @@
+"""The global first stage (`search`), plausibility of fitted models, and data-built starts."""
+
+import jax
+import numpy as np
+import pytest
+
+import equilens as el
+from equilens import light, mass
+from equilens.solve import implausible_notes, lens_search_space, light_moments, start_model
+from equilens.solve._plausible import with_plausibility
+
+X64 = jax.config.read("jax_enable_x64")
+GRID = el.Grid((48, 48), 0.06)
+PSF = el.GaussianPSF(0.12, 0.06)
+
+
+def _truth():
+    return el.LensSystem(
+        mass=mass.SIE(theta_E=1.0, e1=0.1, e2=-0.05) + mass.ExternalShear(0.03, 0.0),
+        source=light.Sersic(amp=15.0, R_sersic=0.12, n_sersic=1.0, center_x=0.05),
+    )
+
+
+@pytest.fixture(scope="module")
+def objective():
+    data = el.simulate(
+        jax.random.key(0),
+        _truth(),
+        GRID,
+        PSF,
+        exposure_time=1500.0,
+        sky_level=0.5,
+        mask=GRID.circular_mask(1.4),
+    )
+    return el.Objective(el.GaussianLikelihood(data))
+
+
+def _start(theta_E=0.8):
+    return el.LensSystem(
+        mass=mass.SIE(theta_E=theta_E) + mass.ExternalShear(0.0, 0.0),
+        source=light.Sersic(1.0, 0.2, 1.0),
+    )
+
+
+@pytest.mark.x64_only
+def test_search_finds_the_minimum_a_local_fit_misses(objective):
+    """From this start Levenberg-Marquardt lands in the ellipticity-shear trap (e1 of the
+    wrong sign, reduced chi2 1.12); the search's screened and refined starts find the truth."""
+    local = el.fit(objective, _start(), "lm", throw=False)
+    assert float(local.model.mass.components[0].e1) < 0  # the trap (truth: +0.1)
+    found = el.search(objective, _start(), n_screen=128, n_refine=4)
+    best = found.best
+    assert best.success, best.message()
+    sie = best.model.mass.components[0]
+    assert abs(float(sie.theta_E) - 1.0) < 0.005
+    assert abs(float(sie.e1) - 0.1) < 0.02 and abs(float(sie.e2) + 0.05) < 0.02
+    assert float(best.value) < float(local.value) - 100
+    # the report: every screened start, which were refined, how the best compares
+    assert found.screen_points.shape == (128, 7) and found.screen_values.shape == (128,)
+    assert np.all(found.screen_values[found.refined_index] <= np.sort(found.screen_values)[3])
+    assert found.names[0] == "mass.components[0].theta_E"
+    assert np.asarray(found.refined.value).shape == (4,)
+    text = found.summary()
+    assert "128 starts screened" in text and "reached the chosen minimum" in text
+    lo, hi = np.min(found.screen_points, 0), np.max(found.screen_points, 0)
+    assert lo[0] >= 0.4 and hi[0] <= 1.6  # theta_E from 0.5 to 2 x the start's 0.8
+
+
+def test_lens_search_space_covers_mass_shear_and_source():
+    space = lens_search_space(_start(), theta_E=(0.5, 2.0))
+    ranges = list(space.values())
+    assert ranges[0] == (0.5, 2.0)
+    assert ranges[1] == ranges[2] == (-0.3, 0.3)  # e1, e2
+    assert ranges[3] == ranges[4] == (-0.1, 0.1)  # shear
+    assert ranges[5] == ranges[6] == (-0.5, 0.5)  # source centre: 0.25 x 2.0
+    picked = [float(w(_start())) for w in space]
+    assert picked == [0.8, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="theta_E range"):
+        lens_search_space(_start(), theta_E=(1.0, 0.5))
+    no_te = el.LensSystem(mass=mass.NFW(Rs=1.0, alpha_Rs=0.5), source=light.Sersic(1.0, 0.2, 1.0))
+    with pytest.raises(ValueError, match="theta_E"):
+        lens_search_space(no_te)
+
+
+@pytest.mark.precision_independent
+def test_search_rejects_bad_arguments(objective):
+    with pytest.raises(ValueError, match="n_refine"):
+        el.search(objective, _start(), n_screen=4, n_refine=8)
+    with pytest.raises(ValueError, match="empty"):
+        el.search(objective, _start(), {})
+    with pytest.raises(ValueError, match="lower < upper"):
+        el.search(objective, _start(), {lambda s: s.source.center_x: (0.3, -0.3)})
+    with pytest.raises(ValueError, match="one scalar"):
+        el.search(objective, _start(), {lambda s: s.mass: (0.0, 1.0)})
+
+
+@pytest.mark.precision_independent
+def test_implausible_notes_name_each_reason(objective):
+    runaway = el.LensSystem(
+        mass=mass.SIE(theta_E=1.0, e1=0.5999999) + mass.ExternalShear(0.0, 0.0),
+        source=light.Sersic(1.0, 40.0, 6.0),
+    )
+    notes = implausible_notes(objective, runaway)
+    assert any("mass.components[0].e1" in n and "at its bound" in n for n in notes)
+    assert any("source.R_sersic" in n and "larger than the data" in n for n in notes)
+    tiny = el.LensSystem(mass=mass.SIE(theta_E=0.05), source=light.Sersic(1.0, 0.1, 1.0))
+    assert any("under two pixels" in n for n in implausible_notes(objective, tiny))
+    huge = el.LensSystem(mass=mass.SIE(theta_E=9.0), source=light.Sersic(1.0, 0.1, 1.0))
+    assert any("beyond the data" in n for n in implausible_notes(objective, huge))
+    assert implausible_notes(objective, _truth()) == ()
+    # a parameter the fit does not vary is not reported at its bound
+    held = el.select(runaway, lambda s: s.source)
+    assert not any("e1" in n for n in implausible_notes(objective, runaway, free=held))
+
+
+def test_fit_stopped_by_a_bound_is_not_successful(objective):
+    """The truth has theta_E = 1.0; bounded to (0.5, 0.9) the fit runs onto the upper bound
+    (its raw value grows without end): the status is not successful, the notes say why,
+    and throw=True raises. A converged fit with a note becomes RESULTS.implausible."""
+    bounds = {lambda s: s.mass.components[0].theta_E: (0.5, 0.9)}
+    r = el.fit(objective, _start(), "lm", bounds=bounds, max_steps=100, throw=False)
+    assert not r.success
+    assert any("theta_E" in n and "(0.5, 0.9)" in n for n in r.notes)
+    assert "theta_E" in r.message()
+    with pytest.raises(RuntimeError, match="at its bound"):
+        el.fit(objective, _start(), "lm", bounds=bounds, max_steps=100)
+    ok = el.fit(objective, _truth(), "lm")
+    assert ok.success and ok.notes == ()
+    flagged = with_plausibility(ok, ("source.R_sersic = 40 is larger than the data",))
+    assert flagged.result == el.RESULTS.implausible and not flagged.success
+    assert flagged.message().startswith("implausible: source.R_sersic")
+
+
+@pytest.mark.precision_independent
+def test_start_model_builds_mge_and_double_sersic_lens_light(objective):
+    imaging = objective.terms[0].imaging
+    model = start_model(imaging, "sie+shear", "mge", "sersic")
+    mge = model.lens_light
+    assert isinstance(mge, light.MGE) and mge.sigma.shape == (20,)
+    sig = np.asarray(mge.sigma)
+    assert np.isclose(sig[0], GRID.pixel_scale) and np.all(np.diff(np.log(sig)) > 0)
+    assert np.isclose(sig[-1], light_moments(imaging).mask_radius)
+    double = start_model(imaging, "sie", "sersic+sersic", "sersic").lens_light
+    inner, outer = double.components  # pyright: ignore[reportAttributeAccessIssue]
+    assert np.isclose(float(outer.R_sersic), 3 * float(inner.R_sersic))
+    assert float(inner.n_sersic) == 4.0 and float(outer.n_sersic) == 1.0
+    assert start_model(imaging, "sie", None, "sersic").lens_light is None
