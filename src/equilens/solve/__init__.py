@@ -19,8 +19,8 @@ from ._io import (
 )
 from ._pipeline import (
     fit_lens as fit_lens,
-    lens_bounds as lens_bounds,
     fit_pixelized as fit_pixelized,
+    lens_bounds as lens_bounds,
     pixelized_model as pixelized_model,
 )
 from ._plausible import implausible_notes as implausible_notes

@@ -11,6 +11,7 @@ import numpy as np
 
 from .._lens_system import LensSystem
 from ..data import Imaging
+from ..light import LightSum
 from ..mass import MassSum
 from ..objective import Objective, select
 from ..source import (
@@ -22,7 +23,7 @@ from ..source import (
 )
 from ..terms import GaussianLikelihood, LogEvidence
 from ._fit import SolverLike, fit
-from ._plausible import SIZE_FIELDS
+from ._plausible import SIZE_FIELDS, has_field
 from ._result import FitResult
 from ._search import lens_search_space, search
 from ._start import light_moments, start_model
@@ -45,12 +46,10 @@ def lens_bounds(model: LensSystem, mask_radius: float) -> dict[Any, tuple[float,
         te: (THETA_E_BOUNDS[0] * mask_radius, THETA_E_BOUNDS[1] * mask_radius)
     }
     size_hi = SOURCE_SIZE_BOUND * mask_radius
-    comps = getattr(model.source, "components", None)
+    comps = model.source.components if isinstance(model.source, LightSum) else None
     for i, c in enumerate(comps if comps is not None else (model.source,)):
         for name in SIZE_FIELDS:
-            if any(f.name == name for f in dataclasses.fields(c)) and name not in getattr(
-                type(c), "fixed", ()
-            ):
+            if has_field(c, name) and name not in getattr(type(c), "fixed", ()):
                 if comps is None:
                     out[lambda s, n=name: getattr(s.source, n)] = (0.0, size_hi)
                 else:

@@ -9,7 +9,7 @@ import numpy as np
 from jaxtyping import PyTree
 
 from .._lens_system import LensSystem
-from ..light import AbstractLightProfile
+from ..light import AbstractLightProfile, LightSum
 from ..mass import MassSum
 from ..objective import Objective, Parametrisation
 from ..objective._params import Bounds, Where, linear_leaves
@@ -39,7 +39,14 @@ def _data_radius(objective: Objective) -> tuple[float, float] | None:
 def _components(profile: Any) -> tuple[Any, ...]:
     if profile is None:
         return ()
-    return tuple(getattr(profile, "components", (profile,)))
+    return tuple(profile.components) if isinstance(profile, LightSum) else (profile,)
+
+
+def has_field(module: Any, name: str) -> bool:
+    """Whether the dataclass (Equinox module) `module` has a field `name`."""
+    return dataclasses.is_dataclass(module) and any(
+        f.name == name for f in dataclasses.fields(module)
+    )
 
 
 def implausible_notes(
@@ -86,7 +93,7 @@ def implausible_notes(
             if not isinstance(c, AbstractLightProfile):
                 continue
             for name in SIZE_FIELDS:
-                if hasattr(c, name):
+                if has_field(c, name):
                     size = float(np.max(np.asarray(getattr(c, name))))
                     if size > radius:
                         where = "source" if len(_components(model.source)) == 1 else f"source[{i}]"

@@ -15,11 +15,12 @@ import numpy as np
 from jaxtyping import Array, Float, PyTree
 
 from .._lens_system import LensSystem
+from ..light import LightSum
 from ..mass import ExternalShear, MassSum
 from ..objective import Objective
 from ..objective._params import Bounds, Where
 from ._fit import SolverLike, fit, fit_batch, pick
-from ._plausible import implausible_notes, with_plausibility
+from ._plausible import has_field, implausible_notes, with_plausibility
 from ._result import RESULTS, FitResult
 
 #: Default half-widths of `lens_search_space`: mass ellipticity components, shear
@@ -71,15 +72,14 @@ def lens_search_space(
             space[lambda s, i=i: s.mass.components[i].gamma2] = (-SHEAR_RANGE, SHEAR_RANGE)
     src = model.source
     src_at: Callable[[LensSystem], Any] | None = None
-    if hasattr(src, "components"):
-        if hasattr(src.components[0], "center_x"):  # pyright: ignore[reportAttributeAccessIssue]
+    if isinstance(src, LightSum):
+        if has_field(src.components[0], "center_x"):
             src_at = lambda s: s.source.components[0]
-            src = src.components[0]  # pyright: ignore[reportAttributeAccessIssue]
-    elif hasattr(src, "center_x"):
+    elif has_field(src, "center_x"):
         src_at = lambda s: s.source
     if src_at is not None:
-        cx = float(first.center_x) if hasattr(first, "center_x") else 0.0  # pyright: ignore
-        cy = float(first.center_y) if hasattr(first, "center_y") else 0.0  # pyright: ignore
+        cx = float(first.center_x) if has_field(first, "center_x") else 0.0  # pyright: ignore
+        cy = float(first.center_y) if has_field(first, "center_y") else 0.0  # pyright: ignore
         d = SOURCE_OFFSET * hi
         at = src_at
         space[lambda s: at(s).center_x] = (cx - d, cx + d)
