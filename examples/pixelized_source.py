@@ -70,7 +70,7 @@ for name, mesh in meshes.items():
         lens_light=light.Sersic(amp=1.0, R_sersic=0.6, n_sersic=3.0, e1=0.05),
         source=el.PixelizedSource(mesh, el.ConstantRegularization(1.0)),
     )
-    result, inversion = el.solve.fit_pixelized(imaging, system, log=None)
+    result, inversion, _ = el.solve.fit_pixelized(imaging, system, log=None)
     theta = result.model.mass.components[0].theta_E
     err = dict(zip(result.names, np.asarray(result.errors), strict=True))
     evidence[name] = float(inversion.log_evidence)

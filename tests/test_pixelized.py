@@ -870,12 +870,15 @@ def test_evidence_fit_recovers_the_mass_and_fills_in_the_source():
             el.AdaptiveRectangularMesh((14, 14)), el.ConstantRegularization(1.0)
         ),
     )
-    result, inversion = el.solve.fit_pixelized(imaging, start, log=None)
+    result, inversion, stages = el.solve.fit_pixelized(imaging, start, log=None)
     errors = dict(zip(result.names, np.asarray(result.errors), strict=True))
     theta = float(result.model.mass.components[0].theta_E)
     assert abs(theta - 1.0) < max(5 * errors["mass.components[0].theta_E"], 3e-3)
     assert float(result.model.source.regularization.coefficient) != 1.0  # fitted
     assert bool(inversion.valid) and result.success
+    assert [s["stage"][:7] for s in stages] == ["stage 1", "stage 2"]
+    assert stages[-1]["log_evidence"] == pytest.approx(float(inversion.log_evidence), rel=1e-9)
+    assert stages[1]["log_evidence"] >= stages[0]["log_evidence"]
     # the result holds the solved source: it renders the inversion's model
     image = result.model.image(imaging.grid, imaging.convolution)
     mask = np.asarray(imaging.mask)

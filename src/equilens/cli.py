@@ -182,18 +182,24 @@ def run_fit(
     png = base + ".png"
     out = {"json": json_path, "png": png}
     if pix_mesh is not None and pix_reg is not None:
+        extra["parametric_stage"] = {
+            "reduced_chi2": float(result.reduced_chi2),
+            "status": result.message(),
+        }
         print(f"  pixelized source: {mesh} mesh, {regularization} regularization")
         start = pixelized_model(result.model, pix_mesh, pix_reg)
         # the evidence is not least squares: lm -> the pipeline's default minimiser
         solver_px = None if solver == "lm" else solver
-        result, inversion = fit_pixelized(
+        result, inversion, stages = fit_pixelized(
             imaging,
             start,
             solver=solver_px,
             fit_strength=strength is None,
+            lens_light="fixed",
             max_steps=max_steps,
             progress=progress,
         )
+        extra["stages"] = stages
         extra["log_evidence"] = float(inversion.log_evidence)
         extra["source_fits"] = base + "_source.fits"
         write_source_fits(base + "_source.fits", inversion)

@@ -3,6 +3,7 @@
 from ._base import (
     AbstractLightProfile as AbstractLightProfile,
     AbstractLinearLightProfile as AbstractLinearLightProfile,
+    FixedLight as FixedLight,
     LightSum as LightSum,
 )
 from ._gaussian import MGE as MGE, Gaussian as Gaussian

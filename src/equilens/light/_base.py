@@ -79,3 +79,23 @@ class LightSum(AbstractLightProfile):
 
     def intensity(self, x: GridArray, y: GridArray) -> GridArray:
         return functools.reduce(jnp.add, [c.intensity(x, y) for c in self.components])
+
+
+class FixedLight(AbstractLightProfile):
+    """`profile` held as it is: a linear solve does not fill its amplitudes in (it is part
+    of the fixed light of `LensSystem.linear_images`), and `equilens.fit` varies none of its
+    parameters (unless `free=` picks them directly).
+
+    Used to carry a lens light fitted in one stage into the next one unchanged, e.g. a
+    multi-Gaussian lens light into a pixelized-source fit (`equilens.solve.fit_pixelized`),
+    as PyAutoLens's chained pipelines do.
+
+    **Arguments:** `profile` (any light profile, amplitudes included).
+    """
+
+    fixed: ClassVar[tuple[str, ...]] = ("profile",)
+
+    profile: AbstractLightProfile
+
+    def intensity(self, x: GridArray, y: GridArray) -> GridArray:
+        return self.profile.intensity(x, y)

@@ -29,19 +29,35 @@ def select(model: PyTree[Any], where: Where) -> PyTree[bool]:
     `select(system, lambda s: (s.mass, s.source.center_x))` frees the mass model and the
     source's x position. Inside a picked module, the fields its class lists in `fixed`
     (e.g. `ExternalShear.ra_0`) stay False unless `where` picks them directly. Combine
-    masks with `jax.tree.map(operator.or_, a, b)`."""
+    masks with `jax.tree.map(operator.or_, a, b)`. Everything inside a field a class lists in
+    `fixed` (e.g. the profile of a `FixedLight`) stays False too."""
     mask = jtu.tree_map(lambda _: False, model)
 
     def mark(node: Any) -> Any:
         if isinstance(node, bool):  # a leaf picked directly
             return True
-        flags = []
-        for path, _ in jtu.tree_flatten_with_path(node)[0]:
-            owner, name = _owner_and_name(node, path)
-            flags.append(name not in getattr(type(owner), "fixed", ()))
+        flags = [not _held(node, path) for path, _ in jtu.tree_flatten_with_path(node)[0]]
         return jtu.tree_unflatten(jtu.tree_structure(node), flags)
 
     return eqx.tree_at(where, mask, replace_fn=mark)
+
+
+def _held(model: PyTree[Any], path: tuple[Any, ...]) -> bool:
+    """Whether a module on `path` lists the next field of the path in its class's `fixed`
+    table (e.g. `ExternalShear.ra_0`, or everything inside a `FixedLight`)."""
+    node = model
+    for key in path:
+        if isinstance(key, jtu.GetAttrKey):
+            if key.name in getattr(type(node), "fixed", ()):
+                return True
+            node = getattr(node, key.name)
+        elif isinstance(key, jtu.SequenceKey):
+            node = node[key.idx]
+        elif isinstance(key, jtu.DictKey):
+            node = node[key.key]
+        else:
+            return False
+    return False
 
 
 def _owner_and_name(model: PyTree[Any], path: tuple[Any, ...]) -> tuple[Any, str | None]:
@@ -133,7 +149,7 @@ class Parametrisation(eqx.Module):
         is_float = [eqx.is_inexact_array(leaf) for _, leaf in path_leaves]
         lin = [False] * n if linear is None else _as_list(model, linear)
         owners = [_owner_and_name(model, path) for path, _ in path_leaves]
-        held = [name in getattr(type(o), "fixed", ()) for o, name in owners]
+        held = [_held(model, path) for path, _ in path_leaves]
         if free is None:
             fr = [f and not li and not h for f, li, h in zip(is_float, lin, held, strict=True)]
         else:

@@ -255,6 +255,8 @@ def _fit_core(kind, solver, objective, param, template, raw0, limits, progress):
     best = objective.complete(model_at(z))
     values = objective.values(best)
     value = jnp.sum(objective.weights * values)
+    # finite parameters can still give a non-finite objective (a singular linear solve)
+    res = _where(jnp.isfinite(value), res, RESULTS.nonfinite)
     cov, ok = _covariance(objective, param, best, objective.least_squares)
     res = _where((res == RESULTS.successful) & jnp.invert(ok), RESULTS.covariance_failed, res)
     return best, value, values, objective.chi2(best), steps, res, cov

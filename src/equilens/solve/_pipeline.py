@@ -11,7 +11,7 @@ import numpy as np
 
 from .._lens_system import LensSystem
 from ..data import Imaging
-from ..light import LightSum
+from ..light import FixedLight, LightSum
 from ..mass import MassSum
 from ..objective import Objective, select
 from ..source import (
@@ -82,14 +82,18 @@ def fit_lens(
 
     Profiles are named as in `start_model` (`"sie+shear"`, `"mge"`, `"sersic"`, ...); every
     starting value comes from the data (`light_moments`); the amplitudes are solved
-    linearly; `lens_bounds` keeps the Einstein radius inside the data and the source
+    linearly and constrained to be positive (`GaussianLikelihood(nonnegative=True)`);
+    `lens_bounds` keeps the Einstein radius inside the data and the source
     compact. A result at a bound or otherwise implausible has the status
     `RESULTS.implausible` with the reasons in `notes`. Returns the stage-3 `FitResult`
     (wall time of all stages).
     """
     t0 = time.perf_counter()
     say = log or (lambda _: None)
-    objective = Objective(GaussianLikelihood(imaging))
+    # positive amplitudes: light is positive, and the overlapping Gaussians of an MGE are
+    # nearly degenerate on a finite mask (unconstrained, their amplitudes alternate in sign
+    # by orders of magnitude, fit the arcs and make the joint solve with a source singular)
+    objective = Objective(GaussianLikelihood(imaging, nonnegative=True))
     model = start_model(imaging, mass, lens_light, source)
     radius = light_moments(imaging).mask_radius
     bounds = lens_bounds(model, radius)
@@ -170,32 +174,68 @@ def fit_pixelized(
     *,
     solver: SolverLike | None = None,
     fit_strength: bool = True,
+    lens_light: str = "solved",
+    rounds: int = 3,
     max_steps: int = 300,
     log: Callable[[str], None] | None = print,
     progress: bool = False,
-) -> tuple[FitResult, Inversion]:
+) -> tuple[FitResult, Inversion, list[dict[str, Any]]]:
     """Fits a lens model with a pixelized source by maximising the Bayesian evidence
     (`LogEvidence`), from `model` (usually the mass and lens light of a parametric fit,
-    `fit_lens`, with `pixelized_model` putting in the source). Stages:
+    `fit_lens`, with `pixelized_model` putting in the source). A chain of stages:
 
     1. with `fit_strength`, the regularization's strength coefficients start at the best
        of `COEFFICIENT_GRID` and are fitted alone (mass held);
     2. the mass (and, with `fit_strength`, the regularization parameters) by `solver`
        (a minimiser: the evidence has no least-squares form). The default is BFGS, or adam
        for a `DelaunayMesh`, whose evidence is only piecewise smooth (the triangulation
-       changes with the mass), which stalls quasi-Newton line searches.
+       changes with the mass), which stalls quasi-Newton line searches;
+    3. for a regularization that adapts to the source's brightness
+       (`AdaptiveBrightness`), up to `rounds - 1` more rounds: the adapt image becomes the
+       lensed source of the last reconstruction (instead of the data, which holds the lens
+       light too), and stage 2 is repeated; the chain stops when the log-evidence gains
+       less than 1 (or drops: the previous round is kept).
 
-    Returns the `FitResult` (solved source and lens-light amplitudes filled in) and the
-    final `Inversion` with the source's 1-sigma errors."""
+    `lens_light`: "solved" (its linear amplitudes solved in the same system as the
+    source, unregularized) or "fixed" (held as it is in `model`, `FixedLight`: the usual
+    choice after a parametric fit, and the only sound one for a multi-Gaussian lens light,
+    whose nearly degenerate Gaussians make an unregularized joint solve singular).
+
+    Returns the `FitResult` of the last kept stage (solved source and amplitudes filled
+    in), its `Inversion` (the source's 1-sigma errors included), and one record per stage
+    (`{"stage": name, "log_evidence": value, "status": words}`)."""
     t0 = time.perf_counter()
     say = log or (lambda _: None)
     if not isinstance(model.source, PixelizedSource):
         raise TypeError("fit_pixelized needs a model whose source is a PixelizedSource")
+    if lens_light not in ("solved", "fixed"):
+        raise ValueError(f'lens_light must be "solved" or "fixed", got {lens_light!r}')
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if lens_light == "fixed" and model.lens_light is not None:
+        if not isinstance(model.lens_light, FixedLight):
+            model = eqx.tree_at(lambda s: s.lens_light, model, FixedLight(model.lens_light))
     if solver is None:
         solver = "adam" if isinstance(model.source.mesh, DelaunayMesh) else "bfgs"
     term = LogEvidence(imaging)
-    objective = Objective(term)
     dtype = imaging.data.dtype
+    stages: list[dict[str, Any]] = []
+
+    def record(name: str, r: FitResult) -> None:
+        stages.append({"stage": name, "log_evidence": -float(r.value), "status": r.message()})
+        say(f"  {name}: log evidence {-float(r.value):.1f}, {r.message()}")
+
+    def run(objective: Objective, start: LensSystem, free: Any) -> FitResult:
+        return fit(
+            objective,
+            start,
+            solver,
+            free=free,
+            max_steps=max_steps,
+            throw=False,
+            progress=progress,
+        )
+
     if fit_strength:
         where = _strength_where(model)
         value = eqx.filter_jit(lambda t, m: t(m))
@@ -206,21 +246,26 @@ def fit_pixelized(
         best = COEFFICIENT_GRID[int(np.nanargmin(scores))]
         model = eqx.tree_at(where, model, replace_fn=lambda _: jnp.asarray(best, dtype))
         say(f"  regularization start {best:g} (log evidence {-min(scores):.1f})")
-        r = fit(
-            objective,
-            model,
-            solver,
-            free=select(model, lambda s: s.source.regularization),  # pyright: ignore[reportAttributeAccessIssue]
-            max_steps=max_steps,
-            throw=False,
-            progress=progress,
-        )
+        r = run(Objective(term), model, select(model, lambda s: s.source.regularization))  # pyright: ignore[reportAttributeAccessIssue]
+        record("stage 1 (regularization)", r)
         model = r.model
-        say(f"  stage 1 (regularization): log evidence {-float(r.value):.1f}")
     free = select(model, lambda s: (s.mass, s.source.regularization) if fit_strength else s.mass)  # pyright: ignore[reportAttributeAccessIssue]
-    r = fit(
-        objective, model, solver, free=free, max_steps=max_steps, throw=False, progress=progress
-    )
-    say(f"  stage 2 (mass): log evidence {-float(r.value):.1f}, {r.message()}")
+    r = run(Objective(term), model, free)
+    record("stage 2 (mass)", r)
+    uses_signal = model.source.regularization.uses_signal  # pyright: ignore[reportAttributeAccessIssue]
+    for k in range(1, rounds if uses_signal else 1):
+        completed = term.complete(r.model)
+        lensed = dataclasses.replace(completed, lens_light=None)
+        adapt = np.asarray(lensed.image(imaging.grid, imaging.convolution))
+        new_term = LogEvidence(imaging, adapt_image=adapt)
+        trial = run(Objective(new_term), r.model, free)
+        record(f"stage {2 + k} (adapted to the source, round {k})", trial)
+        gain = float(r.value) - float(trial.value)
+        if not trial.success or not gain > 0:
+            say("    (no gain: the previous stage is kept)")
+            break
+        r, term = trial, new_term
+        if gain < 1.0:
+            break
     inversion = eqx.filter_jit(lambda t, m: t.invert(m, errors=True))(term, r.model)
-    return dataclasses.replace(r, wall_time=time.perf_counter() - t0), inversion
+    return dataclasses.replace(r, wall_time=time.perf_counter() - t0), inversion, stages
