@@ -154,6 +154,8 @@ def test_pixelized_fit_writes_evidence_and_source_fits(fits_files, tmp_path):
         ({"--pixel-scale": "-1"}, "--pixel-scale must be > 0"),
         ({"--mask-radius": "0"}, "--mask-radius must be > 0"),
         ({"--max-steps": "0"}, "--max-steps must be >= 1"),
+        ({"--positions": "/nonexistent/positions.txt"}, "positions file not found"),
+        ({"--positions": "PSF"}, "cannot read --positions"),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(fits_files, tmp_path, capsys, override, message):

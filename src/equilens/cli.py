@@ -14,7 +14,9 @@ delaunay[:N]] [--regularization constant|curvature|adaptive|matern]
 maximises the Bayesian evidence (strength fitted unless given); the JSON adds `log_evidence`
 and the source-plane reconstruction is written as OUT_source.fits (HDU 0 the source in
 flux/arcsec^2, HDU 1 its 1-sigma errors). `--lens-light` defaults to `mge` (a linear
-multi-Gaussian expansion); `none` is for data with the lens light removed. Errors are one
+multi-Gaussian expansion); `none` is for data with the lens light removed. `--positions
+FILE` (x y in arcsec per line: the multiple images of one source point) adds a positions
+penalty (`--positions-sigma`, default a pixel). Errors are one
 line on stderr and exit status 1; a fit that did not converge, or converged to an
 implausible model (a parameter at a bound, a source larger than the data), writes its
 results, says why on stderr and exits with status 2.
@@ -58,6 +60,23 @@ def _load(
         mask=mask,
         supersampling=supersampling,
     ).cropped()
+
+
+def _positions(path: str | None):
+    """The `--positions` file: two columns, x and y in arcsec ('#' starts a comment)."""
+    if path is None:
+        return None
+    import numpy as np
+
+    if not os.path.exists(path):
+        raise ValueError(f"positions file not found: {path}")
+    try:
+        pos = np.loadtxt(path, ndmin=2)
+    except ValueError as err:
+        raise ValueError(f"cannot read --positions {path}: {err}") from None
+    if pos.shape[1] != 2 or pos.shape[0] < 2:
+        raise ValueError(f"--positions needs two columns (x y) and >= 2 rows, got {pos.shape}")
+    return pos
 
 
 MESHES = ("rectangular", "adaptive", "delaunay")
@@ -145,6 +164,8 @@ def run_fit(
     regularization: str = "constant",
     strength: float | None = None,
     max_steps: int = 300,
+    positions=None,
+    positions_sigma: float | None = None,
 ) -> dict[str, str]:
     """Fits `imaging` (`equilens.solve.fit_lens`; for `source="pixelized"` followed by
     `equilens.solve.fit_pixelized`), prints the parameters with errors, and writes the JSON
@@ -173,6 +194,8 @@ def run_fit(
         parametric,
         solver=solver,
         max_steps=max_steps,
+        positions=positions,
+        positions_sigma=positions_sigma,
         progress=progress,
     )
     extra = dict(extra or {})
@@ -284,6 +307,14 @@ def main(argv: list[str] | None = None) -> int:
     fit.add_argument(
         "--max-steps", type=int, default=300, help="solver steps at most, per fit (default 300)"
     )
+    fit.add_argument(
+        "--positions",
+        help="text file: x y (arcsec, one line per multiple image of one source point); "
+        "adds a positions penalty to the parametric fit",
+    )
+    fit.add_argument(
+        "--positions-sigma", type=float, help="1-sigma of the positions (arcsec; default a pixel)"
+    )
     fit.add_argument("--json", required=True, help="output JSON path (PNG written beside it)")
     args = parser.parse_args(argv)
 
@@ -319,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                 regularization=args.regularization,
                 strength=args.regularization_strength,
                 max_steps=args.max_steps,
+                positions=_positions(args.positions),
+                positions_sigma=args.positions_sigma,
             )
     except (ValueError, OSError, RuntimeError, TypeError) as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -128,11 +128,14 @@ def plot_reconstruction(
     path: str | os.PathLike,
     title: str = "",
 ) -> str:
-    """Writes a four-panel PNG of a pixelized-source fit: the reconstructed source
-    (interpolated to a regular source-plane grid, mesh nodes dotted, caustics in cyan), its
-    1-sigma errors (`sqrt(diag((F+H)^-1))`), the model image and the normalised residuals
-    (colour range +-5). `inversion` comes from `LogEvidence.invert(system, errors=True)`.
-    Returns the path."""
+    """Writes a six-panel PNG of a pixelized-source fit: the data with the critical curves
+    (cyan), the data minus the lens-light model (the arcs), the model of the lensed source
+    alone (all three in an asinh stretch, `asinh_stretch`), the normalised residuals
+    (colour range +-5), the reconstructed source (interpolated to a regular source-plane
+    grid over the mesh, nodes dotted, caustics in cyan) and its 1-sigma errors
+    (`sqrt(diag((F+H)^-1))`). `system` is the fitted model with the solved source filled
+    in (`LogEvidence.complete`; `fit_pixelized` returns it so); `inversion` comes from
+    `LogEvidence.invert(system, errors=True)`. Returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -140,39 +143,64 @@ def plot_reconstruction(
 
     grid = imaging.grid
     mask = np.asarray(imaging.mask)
+    data = np.asarray(imaging.data)
+    noise = np.asarray(imaging.noise_map)
     model = np.asarray(inversion.model_image)
+    source_only = np.asarray(
+        dataclasses.replace(system, lens_light=None).image(grid, imaging.convolution)
+    )
+    arcs = data - (model - source_only)
     resid = np.where(mask, np.asarray(inversion.residuals), np.nan)
     src_grid = source_plane_grid(inversion)
     src = np.asarray(inversion.source_image(src_grid))
     err = np.asarray(inversion.error_image(src_grid))
     nodes = np.asarray(inversion.geometry.nodes())
     fine = Grid((2 * grid.shape[0], 2 * grid.shape[1]), grid.pixel_scale / 2, origin=grid.origin)
+    crit = critical_curves(system.mass, fine)
     caus = caustics(system.mass, fine)
     sext, ext = _extent(src_grid), _extent(grid)
-    vmax = np.nanpercentile(np.where(mask, np.asarray(imaging.data), np.nan), 99.5)
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.4), constrained_layout=True)
-    panels = [
-        (axes[0], src, sext, "source (flux/arcsec$^2$)", "magma", None),
-        (axes[1], err, sext, "source 1-sigma error", "viridis", None),
-        (axes[2], np.where(mask, model, np.nan), ext, "model image", "magma", (0, vmax)),
-        (axes[3], resid, ext, "normalised residuals", "RdBu_r", (-5, 5)),
-    ]
-    for ax, img, extent, label, cmap, lim in panels:
+    soft = float(np.median(noise[mask])) if mask.any() else 1.0
+    vmax = float(np.nanpercentile(np.where(mask, data, np.nan), 99.9))
+    arcs_max = float(np.nanpercentile(np.where(mask, arcs, np.nan), 99.9))
+    fig, axes = plt.subplots(2, 3, figsize=(15, 9.2), constrained_layout=True)
+    axes = axes.ravel()
+    for ax, img, label, top in [
+        (axes[0], data, "data (asinh)", vmax),
+        (axes[1], arcs, "data - lens light model (asinh)", arcs_max),
+        (axes[2], source_only, "model: lensed source alone (asinh)", arcs_max),
+    ]:
         ax.set_facecolor("0.85")
-        lo, hi = lim if lim is not None else (None, None)
-        im = ax.imshow(img, origin="lower", extent=extent, cmap=cmap, vmin=lo, vmax=hi)
+        shown = np.where(mask, asinh_stretch(img, soft, top), np.nan)
+        im = ax.imshow(shown, origin="lower", extent=ext, cmap="magma", vmin=-0.05, vmax=1.0)
+        fig.colorbar(im, ax=ax, shrink=0.8, label=f"asinh(flux / {soft:.2g}), scaled")
+        ax.set_title(label)
+    axes[3].set_facecolor("0.85")
+    im = axes[3].imshow(resid, origin="lower", extent=ext, cmap="RdBu_r", vmin=-5, vmax=5)
+    fig.colorbar(im, ax=axes[3], shrink=0.8, label="(data - model) / noise")
+    axes[3].set_title("normalised residuals")
+    for ax in axes[:4]:
+        for line in crit:
+            ax.plot(line[:, 0], line[:, 1], color="cyan", lw=0.8)
+        ax.set_xlim(ext[:2])
+        ax.set_ylim(ext[2:])
+    for ax, img, label, cmap in [
+        (axes[4], src, "source (flux/arcsec$^2$) and caustics", "magma"),
+        (axes[5], err, "source 1-sigma error", "viridis"),
+    ]:
+        ax.set_facecolor("0.85")
+        im = ax.imshow(img, origin="lower", extent=sext, cmap=cmap)
         fig.colorbar(im, ax=ax, shrink=0.8)
         ax.set_title(label)
-        ax.set_xlabel("x [arcsec]")
-        ax.set_ylabel("y [arcsec]")
-    for ax in axes[:2]:
         ax.plot(nodes[:, 0], nodes[:, 1], ".", color="white", ms=1.0, alpha=0.5)
         for line in caus:
             ax.plot(line[:, 0], line[:, 1], color="cyan", lw=0.8)
         ax.set_xlim(sext[:2])
         ax.set_ylim(sext[2:])
+    for ax in axes:
+        ax.set_xlabel("x [arcsec]")
+        ax.set_ylabel("y [arcsec]")
     if title:
         fig.suptitle(title)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return str(path)

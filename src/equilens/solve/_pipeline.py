@@ -21,7 +21,7 @@ from ..source import (
     Inversion,
     PixelizedSource,
 )
-from ..terms import GaussianLikelihood, LogEvidence
+from ..terms import GaussianLikelihood, LogEvidence, PositionsTerm
 from ._fit import SolverLike, fit
 from ._plausible import SIZE_FIELDS, has_field
 from ._result import FitResult
@@ -67,6 +67,8 @@ def fit_lens(
     max_steps: int = 300,
     n_screen: int = 512,
     n_refine: int = 8,
+    positions: Any = None,
+    positions_sigma: float | None = None,
     log: Callable[[str], None] | None = print,
     progress: bool = False,
 ) -> FitResult:
@@ -85,15 +87,30 @@ def fit_lens(
     linearly and constrained to be positive (`GaussianLikelihood(nonnegative=True)`);
     `lens_bounds` keeps the Einstein radius inside the data and the source
     compact. A result at a bound or otherwise implausible has the status
-    `RESULTS.implausible` with the reasons in `notes`. Returns the stage-3 `FitResult`
-    (wall time of all stages).
+    `RESULTS.implausible` with the reasons in `notes`. `positions` (an `(n, 2)` array of
+    `x, y` in arcsec, n >= 2) are the observed positions of the multiple images of one
+    source point: they add a `PositionsTerm` (source plane, 1-sigma `positions_sigma`,
+    default a pixel) to every stage, so a mass model that does not map them to one source
+    point is penalised in the search too. Returns the stage-3 `FitResult` (wall time of
+    all stages).
     """
     t0 = time.perf_counter()
     say = log or (lambda _: None)
     # positive amplitudes: light is positive, and the overlapping Gaussians of an MGE are
     # nearly degenerate on a finite mask (unconstrained, their amplitudes alternate in sign
     # by orders of magnitude, fit the arcs and make the joint solve with a source singular)
-    objective = Objective(GaussianLikelihood(imaging, nonnegative=True))
+    terms: list[Any] = [GaussianLikelihood(imaging, nonnegative=True)]
+    if positions is not None:
+        pos = np.asarray(positions, dtype=float)
+        if pos.ndim != 2 or pos.shape[1] != 2 or pos.shape[0] < 2:
+            raise ValueError(f"positions must have shape (n >= 2, 2), got {pos.shape}")
+        if not np.isfinite(pos).all():
+            raise ValueError("positions must be finite")
+        sigma = imaging.pixel_scale if positions_sigma is None else float(positions_sigma)
+        if not sigma > 0:
+            raise ValueError(f"positions_sigma must be > 0 arcsec, got {positions_sigma}")
+        terms.append(PositionsTerm(pos[:, 0], pos[:, 1], sigma))
+    objective = Objective(terms)
     model = start_model(imaging, mass, lens_light, source)
     radius = light_moments(imaging).mask_radius
     bounds = lens_bounds(model, radius)
