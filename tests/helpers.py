@@ -44,6 +44,9 @@ def example_light_profiles() -> dict[str, light.AbstractLightProfile]:
             amp=jnp.linspace(1.0, -0.5, 10), n_max=3, beta=0.5, center_x=0.05
         ),
         "LightSum": sersic + light.Gaussian(amp=1.0, sigma=0.3),
+        "FixedLight": light.FixedLight(
+            light.MGE(amp=jnp.array([2.0, 0.7]), sigma=jnp.array([0.2, 0.8]), e1=0.1)
+        ),
     }
 
 

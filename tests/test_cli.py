@@ -155,11 +155,19 @@ def test_pixelized_fit_writes_evidence_and_source_fits(fits_files, tmp_path):
         ({"--mask-radius": "0"}, "--mask-radius must be > 0"),
         ({"--max-steps": "0"}, "--max-steps must be >= 1"),
         ({"--positions": "/nonexistent/positions.txt"}, "positions file not found"),
-        ({"--positions": "PSF"}, "cannot read --positions"),
+        ({"--positions": "WORDS"}, "cannot read --positions"),
+        ({"--positions": "THREE"}, "two columns (x y)"),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(fits_files, tmp_path, capsys, override, message):
-    swap = {"SMALL": fits_files["small"], "NAN": fits_files["nan"]}
+    (tmp_path / "words.txt").write_text("left image\nright image\n")
+    (tmp_path / "three.txt").write_text("0.1 0.2 0.3\n-0.1 -0.2 -0.3\n")
+    swap = {
+        "SMALL": fits_files["small"],
+        "NAN": fits_files["nan"],
+        "WORDS": str(tmp_path / "words.txt"),
+        "THREE": str(tmp_path / "three.txt"),
+    }
     override = {k: swap.get(v, v) for k, v in override.items()}
     code = main([*_args(fits_files, **override), "--json", str(tmp_path / "x.json")])
     err = capsys.readouterr().err.strip()

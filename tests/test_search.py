@@ -206,3 +206,22 @@ def test_fit_lens_with_positions_recovers_the_einstein_radius():
     assert float(np.sum(np.asarray(term.residuals(result.model)) ** 2)) < 10 * len(pos)
     with pytest.raises(ValueError, match="positions must have shape"):
         el.solve.fit_lens(data, positions=pos[:1], log=None)
+
+
+@pytest.mark.precision_independent
+def test_fixed_light_is_neither_solved_nor_fitted():
+    mge = light.MGE(amp=jnp.array([2.0, 0.7]), sigma=jnp.array([0.2, 0.8]), e1=0.1)
+    system = el.LensSystem(
+        mass=mass.SIE(theta_E=1.0),
+        lens_light=light.FixedLight(mge),
+        source=light.Sersic(1.0, 0.2, 1.0),
+    )
+    assert system.linear_components() == (("source", 0),)
+    param = el.objective.Parametrisation.build(system)
+    assert not any("lens_light" in p for p in param.paths(system))
+    assert not any(jax.tree.leaves(el.select(system, lambda s: s.lens_light)))
+    # picked directly, a held field is free
+    direct = el.select(system, lambda s: s.lens_light.profile.e1)  # pyright: ignore
+    assert sum(jax.tree.leaves(direct)) == 1
+    x, y = jnp.array([0.1, 0.5]), jnp.array([0.0, -0.3])
+    assert np.allclose(system.lens_light.intensity(x, y), mge.intensity(x, y))  # pyright: ignore

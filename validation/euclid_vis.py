@@ -60,12 +60,13 @@ def main() -> int:
     parser.add_argument("--data", default=DATA)
     parser.add_argument("--output", default="euclid_out")
     parser.add_argument("--source", default="sersic", choices=["sersic", "pixelized"])
+    parser.add_argument("--lens-light", default="mge")
     args = parser.parse_args()
     os.makedirs(args.output, exist_ok=True)
     paths = write_inputs(args.data, args.output)
     from equilens.cli import main as equilens
 
-    out = os.path.join(args.output, f"vis_{args.source}.json")
+    out = os.path.join(args.output, f"vis_{args.lens_light}_{args.source}.json")
     argv = [
         "fit",
         paths["image"],
@@ -81,6 +82,8 @@ def main() -> int:
         "4.0",
         "--mass",
         "sie+shear",
+        "--lens-light",
+        args.lens_light,
         "--source",
         args.source,
         "--json",

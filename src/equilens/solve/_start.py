@@ -144,7 +144,8 @@ def start_model(
     `"sie+shear"`; `"sersic+sersic"` a double Sersic, the second one three times wider
     with n = 1), with every starting value taken from the data: the lens centre and the
     lens light's ellipticity and size from `light_moments` (an `"mge"` lens light has
-    `MGE_GAUSSIANS` Gaussians log-spaced in width from a pixel to the mask radius), the
+    `MGE_GAUSSIANS` Gaussians log-spaced in width from a pixel to the mask radius;
+    `"mge+mge"` two such groups, the second starting round), the
     Einstein radius (unless given) as 0.4 of the mask radius, the source at the lens centre
     with a radius of a tenth of the Einstein radius, round profiles, no shear, Sersic
     indices 4 (lens) and 1 (source), unit amplitudes (solved linearly in fits). Raises
@@ -198,13 +199,17 @@ def start_model(
                     lo, hi = imaging.pixel_scale, max(mom.mask_radius, 2 * imaging.pixel_scale)
                 else:
                     lo, hi = 0.05 * starts["sigma"], 3.0 * starts["sigma"]
-                sig = np.geomspace(lo, hi, MGE_GAUSSIANS) * 2.0**k
+                # a second group ("mge+mge", as PyAutoLens's two MGE bases) starts round,
+                # its widths between the first group's (never two identical Gaussians):
+                # the two follow an ellipticity that changes with radius
+                step = (hi / lo) ** (1.0 / (MGE_GAUSSIANS - 1))
+                sig = np.geomspace(lo, hi, MGE_GAUSSIANS) * step ** (0.5 * min(k, 1))
                 comps.append(
                     MGE(
                         np.ones(MGE_GAUSSIANS),
                         sig,
-                        e1=starts.get("e1", 0.0),
-                        e2=starts.get("e2", 0.0),
+                        e1=0.0 if k else starts.get("e1", 0.0),
+                        e2=0.0 if k else starts.get("e2", 0.0),
                         center_x=starts["center_x"],
                         center_y=starts["center_y"],
                     )
