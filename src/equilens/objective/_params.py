@@ -42,20 +42,27 @@ def select(model: PyTree[Any], where: Where) -> PyTree[bool]:
     return eqx.tree_at(where, mask, replace_fn=mark)
 
 
+def _child(node: Any, key: Any) -> Any:
+    """The child of `node` under one key of a pytree path (`KeyError` for other keys)."""
+    if isinstance(key, jtu.GetAttrKey):
+        return getattr(node, key.name)
+    if isinstance(key, jtu.SequenceKey):
+        return node[key.idx]
+    if isinstance(key, jtu.DictKey):
+        return node[key.key]
+    raise KeyError(key)
+
+
 def _held(model: PyTree[Any], path: tuple[Any, ...]) -> bool:
     """Whether a module on `path` lists the next field of the path in its class's `fixed`
     table (e.g. `ExternalShear.ra_0`, or everything inside a `FixedLight`)."""
     node = model
     for key in path:
-        if isinstance(key, jtu.GetAttrKey):
-            if key.name in getattr(type(node), "fixed", ()):
-                return True
-            node = getattr(node, key.name)
-        elif isinstance(key, jtu.SequenceKey):
-            node = node[key.idx]
-        elif isinstance(key, jtu.DictKey):
-            node = node[key.key]
-        else:
+        if isinstance(key, jtu.GetAttrKey) and key.name in getattr(type(node), "fixed", ()):
+            return True
+        try:
+            node = _child(node, key)
+        except KeyError:
             return False
     return False
 
@@ -63,13 +70,9 @@ def _held(model: PyTree[Any], path: tuple[Any, ...]) -> bool:
 def _owner_and_name(model: PyTree[Any], path: tuple[Any, ...]) -> tuple[Any, str | None]:
     node = model
     for key in path[:-1]:
-        if isinstance(key, jtu.GetAttrKey):
-            node = getattr(node, key.name)
-        elif isinstance(key, jtu.SequenceKey):
-            node = node[key.idx]
-        elif isinstance(key, jtu.DictKey):
-            node = node[key.key]
-        else:
+        try:
+            node = _child(node, key)
+        except KeyError:
             return None, None
     if path and isinstance(path[-1], jtu.GetAttrKey):
         return node, path[-1].name

@@ -294,17 +294,29 @@ def _default_tol(tol: float | None) -> float:
     return 1e-6 if jnp.finfo(jnp.result_type(float)).bits == 64 else 1e-3
 
 
-def _prepare(objective, model, solver, free, bounds, max_steps, rtol, atol):
-    if not isinstance(objective, Objective):
-        raise TypeError(f"objective must be an equilens Objective, got {type(objective)}")
-    kind, solver_obj, name = _resolve(solver, objective, rtol, atol, max_steps)
-    param = Parametrisation.build(
+def parametrisation(
+    objective: Objective,
+    model: PyTree[Any],
+    free: PyTree[bool] | Callable[[Any], bool] | None,
+    bounds: Mapping[Where, Bounds] | None,
+    check: bool = True,
+) -> Parametrisation:
+    """The free parameters and bounds `fit` uses for `objective` and `model`."""
+    return Parametrisation.build(
         model,
         linear_leaves(model, objective),
         free=free,
         bounds=bounds,
         prior_bounds=_prior_bounds(objective),
+        check=check,
     )
+
+
+def _prepare(objective, model, solver, free, bounds, max_steps, rtol, atol):
+    if not isinstance(objective, Objective):
+        raise TypeError(f"objective must be an equilens Objective, got {type(objective)}")
+    kind, solver_obj, name = _resolve(solver, objective, rtol, atol, max_steps)
+    param = parametrisation(objective, model, free, bounds)
     if param.n_free == 0:
         raise ValueError("no free parameters: `free` selects no floating-point leaf")
     return kind, solver_obj, name, param

@@ -233,7 +233,8 @@ def fit_pixelized(
         if not isinstance(model.lens_light, FixedLight):
             model = eqx.tree_at(lambda s: s.lens_light, model, FixedLight(model.lens_light))
     if solver is None:
-        solver = "adam" if isinstance(model.source.mesh, DelaunayMesh) else "bfgs"
+        delaunay = isinstance(model.source.mesh, DelaunayMesh)  # pyright: ignore[reportAttributeAccessIssue]
+        solver = "adam" if delaunay else "bfgs"
     term = LogEvidence(imaging)
     dtype = imaging.data.dtype
     stages: list[dict[str, Any]] = []

@@ -11,8 +11,8 @@ from jaxtyping import PyTree
 from .._lens_system import LensSystem
 from ..light import AbstractLightProfile, LightSum
 from ..mass import MassSum
-from ..objective import Objective, Parametrisation
-from ..objective._params import Bounds, Where, linear_leaves
+from ..objective import Objective
+from ..objective._params import Bounds, Where
 from ._result import RESULTS, FitResult
 
 #: A free parameter closer to a finite bound than this fraction of its interval is "at" it.
@@ -65,17 +65,10 @@ def implausible_notes(
       source that has run off to a diffuse blob), an Einstein radius beyond the data or
       smaller than two pixels (no lensing resolved).
     """
-    from ._fit import _prior_bounds
+    from ._fit import parametrisation
 
     notes: list[str] = []
-    param = Parametrisation.build(
-        model,
-        linear_leaves(model, objective),
-        free=free,
-        bounds=bounds,
-        prior_bounds=_prior_bounds(objective),
-        check=False,
-    )
+    param = parametrisation(objective, model, free, bounds, check=False)
     for leaf, f, b, path in zip(
         jtu.tree_leaves(model), param.free, param.bounds, param.leaf_paths, strict=True
     ):

@@ -50,7 +50,7 @@ def lens_search_space(
             f"lens_search_space needs a first mass component with theta_E, got "
             f"{type(first).__name__}"
         )
-    mass_at: Callable[[LensSystem], Any]
+    mass_at: Callable[[Any], Any]
     if isinstance(model.mass, MassSum):
         mass_at = lambda s: s.mass.components[0]
     else:
@@ -71,7 +71,7 @@ def lens_search_space(
             space[lambda s, i=i: s.mass.components[i].gamma1] = (-SHEAR_RANGE, SHEAR_RANGE)
             space[lambda s, i=i: s.mass.components[i].gamma2] = (-SHEAR_RANGE, SHEAR_RANGE)
     src = model.source
-    src_at: Callable[[LensSystem], Any] | None = None
+    src_at: Callable[[Any], Any] | None = None
     if isinstance(src, LightSum):
         if has_field(src.components[0], "center_x"):
             src_at = lambda s: s.source.components[0]
@@ -216,7 +216,7 @@ def search(
 
     # powers of two keep the Sobol sequence balanced; draw that many, keep n_screen
     m = max(math.ceil(math.log2(n_screen)), 1)
-    u = qmc.Sobol(len(wheres), scramble=True, seed=seed).random_base2(m)[:n_screen]
+    u = qmc.Sobol(len(wheres), scramble=True, rng=seed).random_base2(m)[:n_screen]
     points = lo + (hi - lo) * u
     dtype = jnp.result_type(*[w(model) for w in wheres])
     values = np.asarray(_screen(objective, model, wheres, jnp.asarray(points, dtype)))
@@ -262,7 +262,7 @@ def search(
     )
 
 
-def _code(result: RESULTS) -> Any:
+def _code(result: Any) -> Any:
     return np.asarray(result._value)  # pyright: ignore[reportAttributeAccessIssue]
 
 
