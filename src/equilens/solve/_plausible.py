@@ -16,7 +16,7 @@ from ..objective._params import Bounds, Where
 from ._result import RESULTS, FitResult
 
 #: A free parameter closer to a finite bound than this fraction of its interval is "at" it.
-AT_BOUND = 1e-4
+AT_BOUND = 1e-3
 
 #: Fields that give a parametric source component's size (arcsec).
 SIZE_FIELDS = ("R_sersic", "sigma", "beta")
