@@ -26,7 +26,9 @@ from ._pipeline import (
 from ._plausible import implausible_notes as implausible_notes
 from ._result import RESULTS as RESULTS, FitResult as FitResult
 from ._search import (
+    ArcPlacement as ArcPlacement,
     Search as Search,
+    arc_placement as arc_placement,
     lens_search_space as lens_search_space,
     search as search,
 )

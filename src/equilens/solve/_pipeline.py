@@ -25,7 +25,7 @@ from ..terms import GaussianLikelihood, LogEvidence, PositionsTerm
 from ._fit import SolverLike, fit
 from ._plausible import SIZE_FIELDS, has_field
 from ._result import FitResult
-from ._search import lens_search_space, search
+from ._search import _source_at, arc_placement, lens_search_space, search
 from ._start import light_moments, start_model
 
 #: The Einstein radii `fit_lens` searches, as fractions of the mask radius, and its bounds.
@@ -78,8 +78,11 @@ def fit_lens(
     1. the lens light alone (mass and source held at their starts);
     2. a global search (`equilens.solve.search`) over the mass and source: `n_screen`
        starts over the Einstein radius (`THETA_E_SEARCH` x the mask radius), mass
-       ellipticity, shear and source position, screened in one vmapped batch; the best
-       `n_refine` refined together; the best plausible minimum kept;
+       ellipticity and shear, screened in one vmapped batch, each with its source placed
+       where its mass maps the arcs (`arc_placement`: the pixels of the data minus the
+       stage-1 lens light above 3 sigma; without such pixels the source position is
+       searched too); the best `n_refine` refined together; the best plausible minimum
+       kept;
     3. everything together, from that model; its covariance is reported.
 
     Profiles are named as in `start_model` (`"sie+shear"`, `"mge"`, `"sersic"`, ...); every
@@ -126,9 +129,14 @@ def fit_lens(
         )
         say(f"  stage 1 (lens light): reduced chi2 {float(r.reduced_chi2):.3f}")
         model = r.model
+    placement = arc_placement(imaging, model) if _source_at(model) is not None else None
     space = lens_search_space(
-        model, theta_E=(THETA_E_SEARCH[0] * radius, THETA_E_SEARCH[1] * radius)
+        model,
+        theta_E=(THETA_E_SEARCH[0] * radius, THETA_E_SEARCH[1] * radius),
+        source_position=placement is None,
     )
+    if placement is not None:
+        say(f"  arcs: {placement.x.size} pixels above 3 sigma place the source of each start")
     found = search(
         objective,
         model,
@@ -139,6 +147,7 @@ def fit_lens(
         free=select(model, lambda s: (s.mass, s.source)),
         bounds=bounds,
         max_steps=max_steps,
+        prepare=placement,
     )
     say("  stage 2 (mass and source), " + found.summary().replace("\n", "\n  "))
     say(f"    best: reduced chi2 {float(found.best.reduced_chi2):.3f}, {found.best.message()}")

@@ -21,6 +21,11 @@ AT_BOUND = 1e-3
 #: Fields that give a parametric source component's size (arcsec).
 SIZE_FIELDS = ("R_sersic", "sigma", "beta")
 
+#: Shape indices whose bounds are the profile's own range: at a bound, the profile
+#: describes the light poorly (a clumpy source drives a Sersic to n = 0.3), which says
+#: nothing against the lens model, so it is not a reason to call a fit implausible.
+SHAPE_INDEX_FIELDS = ("n_sersic",)
+
 
 def _data_radius(objective: Objective) -> tuple[float, float] | None:
     """Half the larger side of the box around the used pixels of the imaging terms, and the
@@ -59,7 +64,8 @@ def implausible_notes(
     """Why a fitted `model` is implausible, one note per reason (empty when it is not):
 
     - a free parameter (chosen and bounded as in `equilens.fit`) within `AT_BOUND` of a
-      finite bound of a two-sided interval: the data did not stop it, the bound did;
+      finite bound of a two-sided interval: the data did not stop it, the bound did
+      (shape indices, `SHAPE_INDEX_FIELDS`, excepted);
     - for a `LensSystem` fitted to imaging: a parametric source component larger than the
       data (its `R_sersic`, `sigma` or `beta` beyond the half-width of the used pixels: a
       source that has run off to a diffuse blob), an Einstein radius beyond the data or
@@ -73,6 +79,8 @@ def implausible_notes(
         jtu.tree_leaves(model), param.free, param.bounds, param.leaf_paths, strict=True
     ):
         if not f or b is None or not (np.isfinite(b[0]) and np.isfinite(b[1])):
+            continue
+        if path.rsplit(".", 1)[-1] in SHAPE_INDEX_FIELDS:
             continue
         v = np.asarray(leaf, dtype=float)
         tol = AT_BOUND * (b[1] - b[0])
