@@ -173,7 +173,7 @@ def run_fit(
     `_source.fits`). Returns the output paths and, under `"status"`, the final fit's
     status in words (`"successful"` or why not)."""
     from .plot import plot_fit, plot_reconstruction
-    from .solve import fit_lens, fit_pixelized, pixelized_model, write_json
+    from .solve import fit_lens, fit_pixelized, pixelized_model, result_to_dict, write_json
 
     # pixelized: build (and so check) the mesh and regularization before any fitting
     pix_mesh = make_mesh(mesh, imaging) if source == "pixelized" else None
@@ -208,6 +208,7 @@ def run_fit(
         extra["parametric_stage"] = {
             "reduced_chi2": float(result.reduced_chi2),
             "status": result.message(),
+            "components": result_to_dict(result)["components"],
         }
         print(f"  pixelized source: {mesh} mesh, {regularization} regularization")
         start = pixelized_model(result.model, pix_mesh, pix_reg)
