@@ -154,6 +154,51 @@ def test_nonnegative_solve_matches_scipy_nnls(data):
     assert rel_err(free_solved.amplitudes(), unconstrained) < 1e-8
 
 
+def test_nonnegative_solve_is_exact_for_a_multi_gaussian_lens_light():
+    """Twenty overlapping Gaussians (a pixel to the mask radius) make a nearly degenerate
+    basis: the solve must still reach SciPy's non-negative solution, never a negative
+    amplitude (the coordinate descent used before stopped with a wrong active set here,
+    and the re-solve on it gave amplitudes down to -245 with a chi2 below the
+    constrained minimum, which a fit then exploited)."""
+    grid = el.Grid((80, 80), 0.1)
+    psf = el.GaussianPSF(0.16, 0.1)
+    truth = el.LensSystem(
+        mass=mass.SIE(theta_E=1.0, e1=0.1),
+        lens_light=light.Sersic(amp=3.0, R_sersic=0.6, n_sersic=4.0, e1=0.05)
+        + light.Sersic(amp=0.5, R_sersic=2.0, n_sersic=1.0),
+        source=light.Sersic(amp=3.0, R_sersic=0.1, n_sersic=1.0, center_x=0.05),
+    )
+    data = el.simulate(
+        jax.random.key(1),
+        truth,
+        grid,
+        psf,
+        exposure_time=500.0,
+        sky_level=0.2,
+        mask=grid.circular_mask(4.0),
+    )
+    lens = light.MGE(np.ones(20), np.geomspace(0.1, 4.0, 20), e1=0.03, e2=-0.05, center_x=0.04)
+    system = el.LensSystem(
+        mass=mass.SIE(theta_E=2.0, e1=0.2),
+        lens_light=lens,
+        source=light.Sersic(1.0, 0.16, 1.0, center_x=1.8, center_y=-1.3),
+    )
+    images, _ = system.linear_images(data.grid, data.convolution)
+    m = np.asarray(data.mask)
+    w = 1 / np.asarray(data.noise_map, dtype=float)[m]
+    a = np.asarray(images, dtype=float)[:, m].T * w[:, None]
+    b = np.asarray(data.data, dtype=float)[m] * w
+    expect = scipy.optimize.nnls(a, b, maxiter=10_000)[0]
+    solved, _ = solve_amplitudes(system, data, nonnegative=True)
+    got = np.asarray(solved.amplitudes(), dtype=float)
+    assert np.all(got >= 0)
+    chi2 = lambda x: float(np.sum((a @ x - b) ** 2))
+    # the constrained minimum, not below it (no negative amplitude), not above it
+    assert abs(chi2(got) - chi2(expect)) <= (1e-9 if X64 else 1e-3) * chi2(expect)
+    if X64:
+        assert rel_err(got, expect) < 1e-6
+
+
 def _flat_objective(obj, system, param):
     from jax.flatten_util import ravel_pytree
 

@@ -7,32 +7,73 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int, Scalar
+from jaxtyping import Array, Bool, Float, Int, Scalar
 
 from .._lens_system import LensSystem
 from ..data import Imaging
 from ..source import PixelizedSource
 from ._base import AbstractLeastSquaresTerm, AbstractTerm
 
-# Coordinate-descent sweeps of the non-negative least-squares solve (a few linear
-# amplitudes: converges long before this for the well-scaled normal equations used here).
-_NNLS_SWEEPS = 200
-
 
 def _used_pixels(imaging: Imaging) -> Int[Array, " n"]:
     return jnp.asarray(np.flatnonzero(np.asarray(imaging.mask)))
 
 
+def _solve_on(
+    g: Float[Array, "k k"], h: Float[Array, " k"], on: Bool[Array, " k"]
+) -> Float[Array, " k"]:
+    """The least-squares solution with the amplitudes outside `on` held at zero."""
+    both = on[:, None] & on[None, :]
+    gp = jnp.where(both, g, jnp.eye(g.shape[0], dtype=g.dtype))
+    x = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(gp), jnp.where(on, h, 0.0))
+    return jnp.where(on, x, 0.0)
+
+
 def _nnls(g: Float[Array, "k k"], h: Float[Array, " k"]) -> Float[Array, " k"]:
-    # Projected coordinate descent on 0.5 x^T G x - h^T x, x >= 0, for G positive definite
-    # with unit diagonal: converges to the unique minimiser (Luo & Tseng 1992).
-    def sweep(_, x):
-        def coord(i, x):
-            return x.at[i].set(jnp.maximum(0.0, x[i] - (g[i] @ x - h[i])))
+    """argmin 0.5 x^T G x - h^T x subject to x >= 0, for G positive definite with unit
+    diagonal (Jacobi-scaled normal equations): the Lawson-Hanson active-set method, which
+    ends in finitely many steps at the exact solution (first-order methods such as
+    coordinate descent crawl on the nearly degenerate Gram matrix of a multi-Gaussian
+    lens light, and stopped early they pick a wrong active set, on which the exact
+    re-solve goes negative). At most 3k outer steps, as SciPy's `nnls`."""
+    k = h.shape[0]
+    tol = 10 * jnp.finfo(g.dtype).eps * k * (1.0 + jnp.max(jnp.abs(h)))
+    max_iter = 3 * k
 
-        return jax.lax.fori_loop(0, h.shape[0], coord, x)
+    def gradient(x):
+        return h - g @ x
 
-    return jax.lax.fori_loop(0, _NNLS_SWEEPS, sweep, jnp.maximum(h, 0.0))
+    def outer_cond(state):
+        x, on, it = state
+        return (it < max_iter) & jnp.any(~on & (gradient(x) > tol))
+
+    def outer(state):
+        x, on, it = state
+        w = jnp.where(on, -jnp.inf, gradient(x))
+        on = on.at[jnp.argmax(w)].set(True)
+
+        def inner_cond(inner):
+            x, s, on, it = inner
+            return (it < max_iter) & jnp.any(on & (s <= 0))
+
+        def inner(inner):
+            # step from x towards s until the first amplitude reaches zero; drop it
+            x, s, on, it = inner
+            blocking = on & (s <= 0)
+            denom = jnp.where(blocking, x - s, 1.0)
+            ratio = jnp.where(blocking & (denom > 0), x / denom, jnp.inf)
+            alpha = jnp.clip(jnp.min(ratio), 0.0, 1.0)
+            x = x + alpha * (s - x)
+            on = on & (x > tol)
+            x = jnp.where(on, x, 0.0)
+            return x, _solve_on(g, h, on), on, it + 1
+
+        x, s, on, it = jax.lax.while_loop(inner_cond, inner, (x, _solve_on(g, h, on), on, it))
+        return s, on, it + 1
+
+    start = (jnp.zeros_like(h), jnp.zeros(k, dtype=bool), jnp.asarray(0))
+    x, _, _ = jax.lax.while_loop(outer_cond, outer, start)
+    return x
 
 
 def solve_amplitudes(
@@ -48,8 +89,8 @@ def solve_amplitudes(
 
     The normal equations are Jacobi-scaled and solved by Cholesky; with `nonnegative=True`
     the amplitudes are constrained to be `>= 0`
-    (coordinate descent finds the active set, the free amplitudes are then re-solved
-    exactly, so gradients are those of the solution on its active set). Differentiable with
+    (the Lawson-Hanson active-set method finds the exact solution; its free amplitudes
+    are re-solved with gradients, which are those of the solution on its active set). Differentiable with
     respect to the non-linear parameters. A degenerate basis (e.g. a source mapped entirely
     outside the mask) gives non-finite amplitudes, which fits report as a failure.
     `pixels` (flat indices of the mask's pixels) is computed from `imaging.mask` when not
@@ -67,15 +108,15 @@ def solve_amplitudes(
     scale = jnp.where(d > 0, 1.0 / jnp.sqrt(jnp.where(d > 0, d, 1.0)), 0.0)
     g = g * scale[:, None] * scale[None, :]
     h = h * scale
-    if nonnegative:
-        active = jax.lax.stop_gradient(_nnls(g, h)) > 0
-        both = active[:, None] & active[None, :]
-        g = jnp.where(both, g, jnp.eye(g.shape[0], dtype=g.dtype))
-        h = jnp.where(active, h, 0.0)
     # A few-by-few positive-definite system: Cholesky via jax.scipy rather than lineax, whose
     # tangent solves always raise on a singular matrix; here a degenerate basis must become
     # a non-finite objective that the solver's step control rejects, not an exception.
-    x = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(g), h)
+    if nonnegative:
+        # the active set is found without gradients; the exact solve on it carries them
+        active = jax.lax.stop_gradient(_nnls(g, h)) > 0
+        x = _solve_on(g, h, active)
+    else:
+        x = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(g), h)
     amps = x * scale
     image = jnp.tensordot(amps, images, axes=1)
     if fixed is not None:
