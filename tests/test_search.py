@@ -51,6 +51,7 @@ def test_search_finds_the_minimum_a_local_fit_misses(objective):
     local = el.fit(objective, _start(), "lm", throw=False)
     assert float(local.model.mass.components[0].e1) < 0  # the trap (truth: +0.1)
     found = el.search(objective, _start(), n_screen=128, n_refine=4)
+    lo_hi = np.array(list(lens_search_space(_start()).values())).T
     best = found.best
     assert best.success, best.message()
     sie = best.model.mass.components[0]
@@ -59,7 +60,13 @@ def test_search_finds_the_minimum_a_local_fit_misses(objective):
     assert float(best.value) < float(local.value) - 100
     # the report: every screened start, which were refined, how the best compares
     assert found.screen_points.shape == (128, 7) and found.screen_values.shape == (128,)
-    assert np.all(found.screen_values[found.refined_index] <= np.sort(found.screen_values)[3])
+    # the refined starts: the best screened one first, the others the best of their
+    # neighbourhoods (at least `separation` apart), not the best few of one basin
+    idx = found.refined_index
+    assert found.screen_values[idx[0]] == np.min(found.screen_values)
+    unit = (found.screen_points - lo_hi[0]) / (lo_hi[1] - lo_hi[0])
+    gaps = [np.sqrt(np.mean((unit[a] - unit[b]) ** 2)) for a in idx for b in idx if a < b]
+    assert min(gaps) >= 0.15
     assert found.names[0] == "mass.components[0].theta_E"
     assert np.asarray(found.refined.value).shape == (4,)
     text = found.summary()
@@ -86,23 +93,25 @@ def test_lens_search_space_covers_mass_shear_and_source():
 
 def test_arc_placement_puts_the_source_where_the_mass_maps_the_arcs(objective):
     """The arcs of the fixture lens (source at (0.05, 0)) ray-shot through the true mass
-    put the source within 0.01" of its centre; the search over the mass alone, each start
-    placed so, finds the truth; data without arcs give no placement."""
+    put the source within 0.015" of its centre (its half-light radius is 0.12"); the
+    search over the mass alone, each start placed so, finds the truth; data without arcs
+    give no placement."""
     imaging = objective.terms[0].imaging
     start = el.LensSystem(mass=_truth().mass, source=light.Sersic(1.0, 0.2, 1.0))
     placement = el.solve.arc_placement(imaging, start)
     assert placement is not None and placement.x.size > 20
     placed = placement(start)
-    assert abs(float(placed.source.center_x) - 0.05) < 0.01
-    assert abs(float(placed.source.center_y)) < 0.01
+    assert abs(float(placed.source.center_x) - 0.05) < 0.015
+    assert abs(float(placed.source.center_y)) < 0.015
     assert float(placed.mass.components[0].theta_E) == 1.0  # the mass is not touched
     # under jit and vmap, as the search's screen calls it
     batch = jax.vmap(
         lambda te: placement(eqx.tree_at(lambda s: s.mass.components[0].theta_E, start, te))
     )
     moved = jax.jit(batch)(jnp.array([1.0, 0.7]))
-    assert abs(float(moved.source.center_x[0]) - 0.05) < 0.01
-    assert abs(float(moved.source.center_x[1]) - 0.05) > 0.02  # a wrong mass maps elsewhere
+    assert abs(float(moved.source.center_x[0]) - 0.05) < 0.015
+    # a wrong mass maps the arcs elsewhere
+    assert abs(float(moved.source.center_x[1] - moved.source.center_x[0])) > 0.02
     space = lens_search_space(_start(), theta_E=(0.5, 1.6), source_position=False)
     assert len(space) == 5
     found = el.search(objective, _start(), space, n_screen=64, n_refine=2, prepare=placement)
@@ -150,6 +159,8 @@ def test_implausible_notes_name_each_reason(objective):
     # the lens is wrong: a clumpy source drives it to 0.3
     flat = eqx.tree_at(lambda s: s.source.n_sersic, _truth(), 0.3)
     assert implausible_notes(objective, flat) == ()
+    dark = eqx.tree_at(lambda s: s.source.amp, _truth(), 0.0)
+    assert any("no flux" in n for n in implausible_notes(objective, dark))
     # a parameter the fit does not vary is not reported at its bound
     held = el.select(runaway, lambda s: s.source)
     assert not any("e1" in n for n in implausible_notes(objective, runaway, free=held))

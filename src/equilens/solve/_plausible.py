@@ -68,8 +68,9 @@ def implausible_notes(
       (shape indices, `SHAPE_INDEX_FIELDS`, excepted);
     - for a `LensSystem` fitted to imaging: a parametric source component larger than the
       data (its `R_sersic`, `sigma` or `beta` beyond the half-width of the used pixels: a
-      source that has run off to a diffuse blob), an Einstein radius beyond the data or
-      smaller than two pixels (no lensing resolved).
+      source that has run off to a diffuse blob), a parametric source without flux (its
+      amplitudes, e.g. solved non-negative, all zero), an Einstein radius beyond the data
+      or smaller than two pixels (no lensing resolved).
     """
     from ._fit import parametrisation
 
@@ -103,6 +104,16 @@ def implausible_notes(
                             f'(half-width {radius:.3g}"): the source has run off to a diffuse '
                             "blob"
                         )
+        amps = [
+            np.asarray(c.amp)  # pyright: ignore[reportAttributeAccessIssue]
+            for c in _components(model.source)
+            if isinstance(c, AbstractLightProfile) and has_field(c, "amp")
+        ]
+        if amps and all(np.all(a <= 0) for a in amps):
+            notes.append(
+                "the source has no flux (its amplitude is zero): the model has no lensed "
+                "light, so nothing constrains the mass"
+            )
         comps = model.mass.components if isinstance(model.mass, MassSum) else (model.mass,)
         for i, c in enumerate(comps):
             if any(f.name == "theta_E" for f in dataclasses.fields(c)):

@@ -149,13 +149,19 @@ class ArcPlacement(eqx.Module):
 
 
 def arc_placement(
-    imaging: Imaging, model: LensSystem, threshold: float = 3.0, min_pixels: int = 5
+    imaging: Imaging,
+    model: LensSystem,
+    threshold: float = 3.0,
+    min_pixels: int = 5,
+    smooth: bool = True,
 ) -> ArcPlacement | None:
     """The `ArcPlacement` of `imaging`'s arcs: the used pixels where the data minus the
     lens light of `model` (its amplitudes filled in, as a fit returns them; e.g. after a
     lens-light-only stage) exceed `threshold` times the noise, weighted by that
-    signal-to-noise. None when fewer than `min_pixels` pixels pass (no arcs detected) or
-    the model has no lens light to subtract and no pixel passes."""
+    signal-to-noise. With `smooth` (and a PSF at the data's resolution) the
+    signal-to-noise is that of the PSF-matched filter (the residual convolved with the PSF,
+    over its noise), which finds faint arcs that no single pixel shows. None when fewer
+    than `min_pixels` pixels pass (no arcs detected)."""
     if not threshold > 0:
         raise ValueError(f"threshold must be > 0 (in noise sigmas), got {threshold}")
     if model.lens_light is None:
@@ -164,7 +170,19 @@ def arc_placement(
         total = model.image(imaging.grid, imaging.psf)
         no_lens = eqx.tree_at(lambda s: s.lens_light, model, None, is_leaf=lambda v: v is None)
         lens = total - no_lens.image(imaging.grid, imaging.psf)
-    snr = np.asarray((imaging.data - lens) / imaging.noise_map)
+    residual = np.asarray(imaging.data - lens, dtype=float)
+    inv_var = np.where(np.asarray(imaging.mask), np.asarray(imaging.noise_map, float) ** -2, 0.0)
+    if smooth and imaging.psf.supersampling == 1:
+        # matched filter: the signal-to-noise of a PSF-shaped source at each pixel, which
+        # lifts faint extended arcs out of the per-pixel noise
+        from scipy.signal import fftconvolve
+
+        k = np.asarray(imaging.psf.kernel(), dtype=float)
+        num = fftconvolve(residual * inv_var, k[::-1, ::-1], mode="same")
+        den = np.sqrt(np.maximum(fftconvolve(inv_var, (k * k)[::-1, ::-1], mode="same"), 0))
+        snr = np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+    else:
+        snr = residual * np.sqrt(inv_var)
     use = np.asarray(imaging.mask) & np.isfinite(snr) & (snr > threshold)
     if int(use.sum()) < min_pixels:
         return None
@@ -269,6 +287,7 @@ def search(
     max_steps: int = 500,
     seed: int = 0,
     prepare: Callable[[Any], Any] | None = None,
+    separation: float = 0.15,
 ) -> Search:
     """A global fit that does not depend on a lucky start.
 
@@ -280,7 +299,11 @@ def search(
        source where the start's mass maps the arcs). The objective is evaluated at all of
        them in one compiled, vmapped batch. A source's size is not searched, so a source
        that would run off to a huge, diffuse blob cannot win the screening.
-    2. The `n_refine` best are fitted together for up to `refine_steps` steps
+    2. The `n_refine` best, each at least `separation` from those picked before it (the
+       RMS distance over the space's dimensions, each scaled to its width: the best few
+       starts of one basin do not crowd out the other basins; when too few are that far
+       apart, the best of the rest fill up), are fitted together for up to
+       `refine_steps` steps
        (`fit_batch` with `solver`, `free`, `bounds`; the batch runs until its slowest
        member stops, so a few hundred steps of hopeless starts cost as much as the rest).
     3. The result is the refined fit with the lowest objective among those that reached a
@@ -314,7 +337,7 @@ def search(
     points = lo + (hi - lo) * u
     dtype = jnp.result_type(*[w(model) for w in wheres])
     values = np.asarray(_screen(objective, model, wheres, jnp.asarray(points, dtype), prepare))
-    order = np.argsort(values, kind="stable")[:n_refine]
+    order = _diverse_best(values, u, n_refine, separation)
     starts = jax.vmap(lambda p: _start(model, wheres, p, prepare))(
         jnp.asarray(points[order], dtype)
     )
@@ -369,3 +392,24 @@ def _set(model: PyTree[Any], wheres: tuple[Where, ...], p: Float[Array, " d"]) -
 def _start(model: PyTree[Any], wheres: tuple[Where, ...], p: Float[Array, " d"], prepare):
     model = _set(model, wheres, p)
     return model if prepare is None else prepare(model)
+
+
+def _diverse_best(values: np.ndarray, unit: np.ndarray, n: int, separation: float) -> np.ndarray:
+    """Indices of the `n` lowest `values`, each at least `separation` (RMS over the
+    dimensions of the unit-cube coordinates `unit`) from those picked before it; the
+    lowest of the rest fill up when too few are that far apart."""
+    order = np.argsort(values, kind="stable")
+    picked: list[int] = []
+    for i in order:
+        if len(picked) == n:
+            break
+        if not np.isfinite(values[i]):
+            continue
+        if all(np.sqrt(np.mean((unit[i] - unit[j]) ** 2)) >= separation for j in picked):
+            picked.append(int(i))
+    for i in order:
+        if len(picked) == n:
+            break
+        if int(i) not in picked:
+            picked.append(int(i))
+    return np.asarray(picked)

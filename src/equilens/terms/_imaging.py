@@ -53,7 +53,7 @@ def _nnls(g: Float[Array, "k k"], h: Float[Array, " k"]) -> Float[Array, " k"]:
         on = on.at[jnp.argmax(w)].set(True)
 
         def inner_cond(inner):
-            x, s, on, it = inner
+            _, s, on, it = inner
             return (it < max_iter) & jnp.any(on & (s <= 0))
 
         def inner(inner):
@@ -88,10 +88,10 @@ def solve_amplitudes(
     parameters; returns the updated system and its model image.
 
     The normal equations are Jacobi-scaled and solved by Cholesky; with `nonnegative=True`
-    the amplitudes are constrained to be `>= 0`
-    (the Lawson-Hanson active-set method finds the exact solution; its free amplitudes
-    are re-solved with gradients, which are those of the solution on its active set). Differentiable with
-    respect to the non-linear parameters. A degenerate basis (e.g. a source mapped entirely
+    the amplitudes are constrained to be `>= 0` (the Lawson-Hanson active-set method
+    finds the exact solution; its free amplitudes are re-solved with gradients, which are
+    those of the solution on its active set). Differentiable with respect to the
+    non-linear parameters. A degenerate basis (e.g. a source mapped entirely
     outside the mask) gives non-finite amplitudes, which fits report as a failure.
     `pixels` (flat indices of the mask's pixels) is computed from `imaging.mask` when not
     given (pass it when `imaging` is traced, as the imaging terms do).
