@@ -161,7 +161,8 @@ def arc_placement(
     signal-to-noise. With `smooth` (and a PSF at the data's resolution) the
     signal-to-noise is that of the PSF-matched filter (the residual convolved with the PSF,
     over its noise), which finds faint arcs that no single pixel shows. None when fewer
-    than `min_pixels` pixels pass (no arcs detected)."""
+    than `min_pixels` pixels pass, or fewer than five times as many as noise alone would
+    pass (no arcs detected)."""
     if not threshold > 0:
         raise ValueError(f"threshold must be > 0 (in noise sigmas), got {threshold}")
     if model.lens_light is None:
@@ -184,7 +185,12 @@ def arc_placement(
     else:
         snr = residual * np.sqrt(inv_var)
     use = np.asarray(imaging.mask) & np.isfinite(snr) & (snr > threshold)
-    if int(use.sum()) < min_pixels:
+    # pure noise passes the threshold in a fraction sf(threshold) of the pixels: ask for
+    # five times that many, so that noise alone gives no placement
+    from scipy.stats import norm
+
+    chance = float(norm.sf(threshold)) * int(np.asarray(imaging.mask).sum())
+    if int(use.sum()) < max(min_pixels, math.ceil(5 * chance)):
         return None
     dtype = imaging.data.dtype
     return ArcPlacement(
