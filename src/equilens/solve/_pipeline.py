@@ -66,7 +66,7 @@ def fit_lens(
     solver: SolverLike = "lm",
     max_steps: int = 300,
     n_screen: int = 512,
-    n_refine: int = 8,
+    n_refine: int = 4,
     positions: Any = None,
     positions_sigma: float | None = None,
     log: Callable[[str], None] | None = print,
@@ -76,13 +76,13 @@ def fit_lens(
     pipeline of the field, e.g. PyAutoLens's SLaM):
 
     1. the lens light alone (mass and source held at their starts);
-    2. a global search (`equilens.solve.search`) over the mass and source, twice, with
-       `n_refine // 2` refinements each: `n_screen` starts over the Einstein radius
-       (`THETA_E_SEARCH` x the mask radius), mass ellipticity and shear, screened in one
-       vmapped batch, (a) each with its source placed where its mass maps the arcs
-       (`arc_placement`: the pixels of the data minus the stage-1 lens light above
-       3 sigma, PSF-matched; skipped without such pixels), (b) with the source position
-       searched too; the better plausible minimum kept;
+    2. a global search (`equilens.solve.search`) over the mass and source: `n_screen`
+       starts over the Einstein radius (`THETA_E_SEARCH` x the mask radius), mass
+       ellipticity and shear, screened in one vmapped batch, each with its source placed
+       where its mass maps the arcs (`arc_placement`: the pixels of the data minus the
+       stage-1 lens light above 3 sigma, PSF-matched; without such pixels the source
+       position is searched too); 32 of them, spread over the space, polished by 15
+       steps, the best `n_refine` refined together; the best plausible minimum kept;
     3. everything together, from that model; its covariance is reported.
 
     Profiles are named as in `start_model` (`"sie+shear"`, `"mge"`, `"sersic"`, ...); every
@@ -130,33 +130,27 @@ def fit_lens(
         say(f"  stage 1 (lens light): reduced chi2 {float(r.reduced_chi2):.3f}")
         model = r.model
     placement = arc_placement(imaging, model) if _source_at(model) is not None else None
-    theta_range = (THETA_E_SEARCH[0] * radius, THETA_E_SEARCH[1] * radius)
-    # two searches, half the refinements each: one over the mass with the source placed
-    # on the arcs (dense over the mass), one over the mass and the source position (which
-    # reaches basins a misplaced source hides); the better plausible minimum is kept
-    variants: list[tuple[str, Any]] = [("source position searched", None)]
     if placement is not None:
-        say(f"  arcs: {placement.x.size} pixels above 3 sigma place the source")
-        variants.insert(0, ("source placed on the arcs", placement))
-    found = None
-    for label, prepare in variants:
-        s = search(
-            objective,
-            model,
-            lens_search_space(model, theta_E=theta_range, source_position=prepare is None),
-            n_screen=n_screen,
-            n_refine=max(1, n_refine // len(variants)),
-            solver=solver,
-            free=select(model, lambda s: (s.mass, s.source)),
-            bounds=bounds,
-            max_steps=max_steps,
-            prepare=prepare,
-        )
-        say(f"  stage 2 (mass and source; {label}), " + s.summary().replace("\n", "\n  "))
-        say(f"    best: reduced chi2 {float(s.best.reduced_chi2):.3f}, {s.best.message()}")
-        if found is None or _better(s.best, found.best):
-            found = s
-    assert found is not None
+        say(f"  arcs: {placement.x.size} pixels above 3 sigma place the source of each start")
+    space = lens_search_space(
+        model,
+        theta_E=(THETA_E_SEARCH[0] * radius, THETA_E_SEARCH[1] * radius),
+        source_position=placement is None,
+    )
+    found = search(
+        objective,
+        model,
+        space,
+        n_screen=n_screen,
+        n_refine=n_refine,
+        solver=solver,
+        free=select(model, lambda s: (s.mass, s.source)),
+        bounds=bounds,
+        max_steps=max_steps,
+        prepare=placement,
+    )
+    say("  stage 2 (mass and source), " + found.summary().replace("\n", "\n  "))
+    say(f"    best: reduced chi2 {float(found.best.reduced_chi2):.3f}, {found.best.message()}")
     r = fit(
         objective,
         found.best.model,
@@ -168,15 +162,6 @@ def fit_lens(
     )
     say(f"  stage 3 (all free): reduced chi2 {float(r.reduced_chi2):.3f}, {r.message()}")
     return dataclasses.replace(r, wall_time=time.perf_counter() - t0)
-
-
-def _better(a: FitResult, b: FitResult) -> bool:
-    """Whether `a` beats `b`: plausible (no notes) before implausible, then the lower
-    finite objective."""
-    va, vb = float(a.value), float(b.value)
-    if bool(a.notes) != bool(b.notes):
-        return not a.notes
-    return np.isfinite(va) and (not np.isfinite(vb) or va < vb)
 
 
 def _einstein_radius_where(model: LensSystem) -> Callable[[LensSystem], Any]:
