@@ -211,3 +211,27 @@ def test_light_profile_matches_lenstronomy(name):
         worst = max(worst, rel_err(cls(**kw).intensity(jx, jy), want))
     print(f"{name}: worst relative difference {worst:.2e} (tolerance 1e-08)")
     assert worst < 1e-8
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_image_positions_match_lenstronomy(seed):
+    from lenstronomy.LensModel.Solver.lens_equation_solver import LensEquationSolver
+
+    import equilens as el
+
+    rng = np.random.default_rng(100 + seed)
+    sie = dict(theta_E=rng.uniform(0.8, 1.6), **_ellipticity(rng), **_centre(rng))
+    g1, g2 = rng.uniform(-0.05, 0.05, 2)
+    beta = rng.uniform(-0.1, 0.1, 2)
+    ours = mass.SIE(**sie) + mass.ExternalShear(gamma1=g1, gamma2=g2)
+    found = el.lensing.image_positions(ours, beta[0], beta[1], el.Grid((120, 120), 0.05))
+    lm = LensModel(["SIE", "SHEAR"])
+    kw = [sie, {"gamma1": g1, "gamma2": g2, "ra_0": 0.0, "dec_0": 0.0}]
+    xs, ys = LensEquationSolver(lm).image_position_from_source(
+        beta[0], beta[1], kw, min_distance=0.02, search_window=6.0, precision_limit=1e-12
+    )
+    theirs = np.stack([xs, ys], axis=1)
+    assert found.shape == theirs.shape, (found, theirs)
+    # every image of ours has one of lenstronomy's within 1e-8"
+    dist = np.hypot(*(found[:, None, :] - theirs[None, :, :]).transpose(2, 0, 1))
+    assert np.all(dist.min(axis=1) < 1e-8), dist

@@ -307,3 +307,36 @@ def test_magnification_and_critical_curves_of_sis():
 def test_multipole_rejects_bad_order():
     with pytest.raises(ValueError, match=r"Multipole\.m"):
         mass.Multipole(m=0, a_m=0.1)
+
+
+def test_image_positions_of_sis_are_analytic():
+    # an SIS images a source at beta (0 < beta < theta_E) at theta_E + beta and beta - theta_E
+    p = mass.SIS(theta_E=1.0)
+    grid = el.Grid((101, 101), 0.05)  # out to 2.5"
+    found = el.lensing.image_positions(p, 0.1, 0.0, grid)
+    assert found.shape == (2, 2)
+    # ordered by |magnification|: 1 / |1 - 1/|theta||, larger for the outer image
+    np.testing.assert_allclose(found[:, 0], [1.1, -0.9], atol=1e3 * default_eps())
+    np.testing.assert_allclose(found[:, 1], 0.0, atol=1e3 * default_eps())
+    # a source outside the (point) caustic's reach: one image, theta_E + beta
+    found = el.lensing.image_positions(p, 1.3, 0.0, grid)
+    np.testing.assert_allclose(found, [[2.3, 0.0]], atol=1e3 * default_eps())
+
+
+def test_image_positions_of_a_quad_trace_back_to_the_source():
+    p = mass.SIE(theta_E=1.2, e1=0.15, e2=-0.05, center_x=0.02) + mass.ExternalShear(
+        gamma1=0.03, gamma2=0.02
+    )
+    grid = el.Grid((100, 100), 0.05)
+    found = el.lensing.image_positions(p, 0.03, 0.02, grid)
+    # a source near the centre of an elliptical lens: four images (the fifth, central one
+    # is absent for a singular profile), around the Einstein ring
+    assert found.shape == (4, 2)
+    bx, by = p.ray_shoot(jnp.asarray(found[:, 0]), jnp.asarray(found[:, 1]))
+    np.testing.assert_allclose(np.asarray(bx), 0.03, atol=1e3 * default_eps())
+    np.testing.assert_allclose(np.asarray(by), 0.02, atol=1e3 * default_eps())
+    r = np.hypot(found[:, 0] - 0.02, found[:, 1])
+    assert np.all((r > 0.8) & (r < 1.6))
+    # no image lies outside a grid that holds none: a tiny grid far from the lens
+    far = el.Grid((10, 10), 0.05, origin=(3.0, 3.0))
+    assert el.lensing.image_positions(p, 0.03, 0.02, far).shape == (0, 2)

@@ -214,7 +214,14 @@ def _flat_objective(obj, system, param):
 @needs_x64
 @pytest.mark.parametrize(
     "which",
-    ["gaussian-linear", "gaussian-nonneg", "poisson", "positions-source", "positions-image"],
+    [
+        "gaussian-linear",
+        "gaussian-nonneg",
+        "poisson",
+        "positions-source",
+        "positions-image",
+        "positions-threshold",
+    ],
 )
 def test_objective_gradients_match_finite_differences(data, which):
     system = _system()
@@ -226,7 +233,11 @@ def test_objective_gradients_match_finite_differences(data, which):
         # images of one source point under the true lens, slightly perturbed
         x = jnp.array([1.05, -0.9, 0.2, -0.1])
         y = jnp.array([0.1, -0.35, 1.0, -0.95])
-        term = el.PositionsTerm(x, y, 0.01, plane=which.split("-")[1])
+        if which == "positions-threshold":
+            # a threshold between the images' traced distances: some inside, some outside
+            term = el.PositionsThreshold(x, y, threshold=0.05, sigma=0.01)
+        else:
+            term = el.PositionsTerm(x, y, 0.01, plane=which.split("-")[1])
     obj = el.Objective([term])
     lin = el.objective._params.linear_leaves(system, obj)
     param = Parametrisation.build(system, lin)
@@ -262,6 +273,26 @@ def test_positions_term_is_zero_for_exact_images():
     assert 0.5 < float(jnp.max(jnp.abs(r))) < 3.0  # ~ a 0.01" offset over sigma 0.005"
     with pytest.raises(ValueError, match="same length"):
         el.PositionsTerm(jnp.zeros(3), jnp.zeros(2), 0.01)
+
+
+def test_positions_threshold_is_zero_inside_and_quadratic_outside():
+    lens = mass.SIS(theta_E=1.0)
+    # an SIS maps x = 1.1 and x = -0.9 to beta = 0.1; the third image is off by 0.3
+    x = jnp.array([1.1, -0.9, 1.4])
+    y = jnp.zeros(3)
+    bx = np.array([0.1, 0.1, 0.4])
+    d = np.abs(bx - bx.mean())  # traced distances from the mean: 0.1, 0.1, 0.2
+    for threshold, inside in ((0.25, True), (0.15, False)):
+        term = el.PositionsThreshold(x, y, threshold=threshold, sigma=0.01)
+        value = float(eqx.filter_jit(term)(lens))
+        expect = 0.5 * np.sum((np.maximum(d - threshold, 0) / 0.01) ** 2)
+        assert value == pytest.approx(expect, rel=1e-4, abs=1e-6)
+        assert (value == 0.0) == inside
+        grad = eqx.filter_grad(lambda m, t=term: t(m))(lens)
+        assert np.isfinite(float(grad.theta_E))
+        assert (float(grad.theta_E) == 0.0) == inside
+    with pytest.raises(ValueError, match="same length"):
+        el.PositionsThreshold(jnp.zeros(1), jnp.zeros(1), threshold=0.1, sigma=0.01)
 
 
 def test_priors():

@@ -870,7 +870,13 @@ def test_evidence_fit_recovers_the_mass_and_fills_in_the_source():
             el.AdaptiveRectangularMesh((14, 14)), el.ConstantRegularization(1.0)
         ),
     )
-    result, inversion, stages = el.solve.fit_pixelized(imaging, start, log=None)
+    # the images of the source's centre held together (as the CLI does from its parametric
+    # stage): the guard stays inside its threshold at the truth's minimum
+    pos = el.solve.auto_positions(imaging, truth)
+    assert pos is not None and pos.shape[0] >= 2
+    result, inversion, stages = el.solve.fit_pixelized(imaging, start, positions=pos, log=None)
+    assert all(s["positions_penalty"] == 0.0 for s in stages)
+    assert result.term_values.shape == (2,)
     errors = dict(zip(result.names, np.asarray(result.errors), strict=True))
     theta = float(result.model.mass.components[0].theta_E)
     assert abs(theta - 1.0) < max(5 * errors["mass.components[0].theta_E"], 3e-3)

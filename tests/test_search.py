@@ -200,28 +200,28 @@ def test_start_model_builds_mge_and_double_sersic_lens_light(objective):
     assert start_model(imaging, "sie", None, "sersic").lens_light is None
 
 
-def _images_of(mass_model, beta, half=1.6, n=801):
-    """The image positions of source point `beta`: local minima of |beta(theta) - beta| on
-    a fine grid, polished by Newton steps on the lens equation."""
-    g = el.Grid((n, n), 2 * half / n)
-    bx, by = mass_model.ray_shoot(g.x, g.y)
-    d = np.hypot(np.asarray(bx) - beta[0], np.asarray(by) - beta[1])
-    core = d[1:-1, 1:-1]
-    neighbours = [d[1 + i : n - 1 + i, 1 + j : n - 1 + j] for i in (-1, 0, 1) for j in (-1, 0, 1)]
-    minima = np.all([core <= nb for nb in neighbours], axis=0) & (core < 0.02)
-    rows, cols = np.nonzero(minima)
-    out = []
-    for r, c in zip(rows + 1, cols + 1, strict=True):
-        x, y = float(g.x[r, c]), float(g.y[r, c])
-        for _ in range(20):
-            xa, ya = jnp.asarray(x), jnp.asarray(y)
-            sx, sy = mass_model.ray_shoot(xa, ya)
-            fxx, fxy, _, fyy = mass_model.hessian(xa, ya)
-            a = np.array([[1 - float(fxx), -float(fxy)], [-float(fxy), 1 - float(fyy)]])
-            step = np.linalg.solve(a, [float(sx) - beta[0], float(sy) - beta[1]])
-            x, y = x - step[0], y - step[1]
-        out.append((x, y))
-    return np.array(out)
+def test_auto_positions_are_the_images_of_the_source_centre(objective):
+    truth = _truth()
+    data = objective.terms[0].imaging
+    pos = el.solve.auto_positions(data, truth)
+    assert pos is not None and pos.shape[0] >= 2
+    bx, by = truth.mass.ray_shoot(jnp.asarray(pos[:, 0]), jnp.asarray(pos[:, 1]))
+    tol = 1e-8 if X64 else 1e-4
+    np.testing.assert_allclose(np.asarray(bx), 0.05, atol=tol)
+    np.testing.assert_allclose(np.asarray(by), 0.0, atol=tol)
+    # all inside the mask (radius 1.4")
+    assert np.all(np.hypot(pos[:, 0], pos[:, 1]) < 1.4)
+    # the threshold term built on them: 3 x their spread, at least 0.2"; zero at the start
+    term = el.solve.positions_threshold(truth, pos)
+    assert float(term.threshold) == pytest.approx(0.2)
+    assert float(term(truth)) == 0.0
+    # a source with no centre, or whose images all fall outside the mask: no positions
+    pixelized = el.solve.pixelized_model(
+        truth, el.RectangularMesh((4, 4)), el.ConstantRegularization(1.0)
+    )
+    assert el.solve.auto_positions(data, pixelized) is None
+    far = eqx.tree_at(lambda s: s.source.center_x, truth, jnp.asarray(5.0))
+    assert el.solve.auto_positions(data, far) is None
 
 
 @pytest.mark.slow
@@ -245,7 +245,7 @@ def test_fit_lens_with_positions_recovers_the_einstein_radius():
         sky_level=0.5,
         mask=grid.circular_mask(1.7),
     )
-    pos = _images_of(truth.mass, (0.04, -0.03))
+    pos = el.lensing.image_positions(truth.mass, 0.04, -0.03, el.Grid((160, 160), 0.02))
     assert len(pos) >= 2
     result = el.solve.fit_lens(
         data, "sie+shear", "mge", "sersic", positions=pos, n_screen=128, n_refine=4, log=None

@@ -53,6 +53,7 @@ from .terms import (
     LogEvidence as LogEvidence,
     PoissonLikelihood as PoissonLikelihood,
     PositionsTerm as PositionsTerm,
+    PositionsThreshold as PositionsThreshold,
     UniformPrior as UniformPrior,
 )
 

@@ -172,8 +172,17 @@ def run_fit(
     result to `json_path` and the figure next to it (`.png`; pixelized: also
     `_source.fits`). Returns the output paths and, under `"status"`, the final fit's
     status in words (`"successful"` or why not)."""
+    import numpy as np
+
     from .plot import plot_fit, plot_reconstruction
-    from .solve import fit_lens, fit_pixelized, pixelized_model, result_to_dict, write_json
+    from .solve import (
+        auto_positions,
+        fit_lens,
+        fit_pixelized,
+        pixelized_model,
+        result_to_dict,
+        write_json,
+    )
 
     # pixelized: build (and so check) the mesh and regularization before any fitting
     pix_mesh = make_mesh(mesh, imaging) if source == "pixelized" else None
@@ -211,6 +220,11 @@ def run_fit(
             "components": result_to_dict(result)["components"],
         }
         print(f"  pixelized source: {mesh} mesh, {regularization} regularization")
+        # the images of one source point held together: the given positions, or the
+        # images of the parametric source's centre
+        held = positions if positions is not None else auto_positions(imaging, result.model)
+        if held is not None:
+            extra["positions"] = np.asarray(held).tolist()
         start = pixelized_model(result.model, pix_mesh, pix_reg)
         # the evidence is not least squares: lm -> the pipeline's default minimiser
         solver_px = None if solver == "lm" else solver
@@ -221,6 +235,7 @@ def run_fit(
             fit_strength=strength is None,
             lens_light="fixed",
             max_steps=max_steps,
+            positions=held,
             progress=progress,
         )
         extra["stages"] = stages

@@ -1,3 +1,5 @@
-"""Lensing quantities of any mass model: ray shooting, magnification, critical curves."""
+"""Lensing quantities of any mass model: ray shooting, magnification, critical curves,
+caustics and the multiple images of a source point."""
 
 from ._critical import caustics as caustics, critical_curves as critical_curves
+from ._images import image_positions as image_positions

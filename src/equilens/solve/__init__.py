@@ -18,10 +18,12 @@ from ._io import (
     write_json as write_json,
 )
 from ._pipeline import (
+    auto_positions as auto_positions,
     fit_lens as fit_lens,
     fit_pixelized as fit_pixelized,
     lens_bounds as lens_bounds,
     pixelized_model as pixelized_model,
+    positions_threshold as positions_threshold,
 )
 from ._plausible import implausible_notes as implausible_notes
 from ._result import RESULTS as RESULTS, FitResult as FitResult

@@ -8,9 +8,11 @@ from typing import Any
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Float
 
 from .._lens_system import LensSystem
 from ..data import Imaging
+from ..lensing import image_positions
 from ..light import FixedLight, LightSum
 from ..mass import MassSum
 from ..objective import Objective, select
@@ -21,7 +23,7 @@ from ..source import (
     Inversion,
     PixelizedSource,
 )
-from ..terms import GaussianLikelihood, LogEvidence, PositionsTerm
+from ..terms import GaussianLikelihood, LogEvidence, PositionsTerm, PositionsThreshold
 from ._fit import SolverLike, fit
 from ._plausible import SIZE_FIELDS, has_field
 from ._result import FitResult
@@ -175,6 +177,57 @@ def _einstein_radius_where(model: LensSystem) -> Callable[[LensSystem], Any]:
     raise ValueError("fit_lens needs a first mass component with an Einstein radius theta_E")
 
 
+#: `fit_pixelized`'s positions threshold (arcsec, source plane): `POSITIONS_FACTOR` times
+#: the traced spread of the positions under the starting model, and at least
+#: `POSITIONS_MIN_THRESHOLD` (PyAutoLens's SLaM pipelines use the same two numbers).
+POSITIONS_FACTOR = 3.0
+POSITIONS_MIN_THRESHOLD = 0.2
+
+
+def auto_positions(imaging: Imaging, model: LensSystem) -> Float[np.ndarray, "n 2"] | None:
+    """The multiple images of the source's centre under `model`'s mass, inside `imaging`'s
+    mask: positions for a `PositionsThreshold` that keeps a later fit (a pixelized source,
+    a more flexible mass) mapping the same arcs to one source region, as PyAutoLens's
+    pipelines do from their parametric result. The source centre is that of the first
+    source component (a parametric fit's compact source: its brightest point). Returns an
+    `(n, 2)` array of `(x, y)` in arcsec, or `None` when the model has no source centre
+    or fewer than two of its images lie in the mask (nothing to hold together)."""
+    at = _source_at(model)
+    if at is None:
+        return None
+    src = at(model)
+    found = image_positions(model.mass, src.center_x, src.center_y, imaging.grid)
+    if found.shape[0] == 0:
+        return None
+    g = imaging.grid
+    col = np.rint((found[:, 0] - g.origin[0]) / g.pixel_scale + (g.shape[1] - 1) / 2).astype(int)
+    row = np.rint((found[:, 1] - g.origin[1]) / g.pixel_scale + (g.shape[0] - 1) / 2).astype(int)
+    inside = (row >= 0) & (row < g.shape[0]) & (col >= 0) & (col < g.shape[1])
+    inside[inside] = np.asarray(imaging.mask)[row[inside], col[inside]]
+    found = found[inside]
+    return found if found.shape[0] >= 2 else None
+
+
+def positions_threshold(
+    model: LensSystem, positions: Float[np.ndarray, "n 2"], threshold: float | None = None
+) -> PositionsThreshold:
+    """A `PositionsThreshold` on `positions` (`(n, 2)`, arcsec): its threshold is
+    `threshold` (arcsec, source plane), or by default `POSITIONS_FACTOR` times the largest
+    traced distance of the positions from their mean under `model`, and at least
+    `POSITIONS_MIN_THRESHOLD`; its wall's `sigma` is a thousandth of the threshold."""
+    pos = np.asarray(positions, dtype=float)
+    if threshold is None:
+        bx, by = (
+            np.asarray(v)
+            for v in model.mass.ray_shoot(jnp.asarray(pos[:, 0]), jnp.asarray(pos[:, 1]))
+        )
+        spread = float(np.max(np.hypot(bx - bx.mean(), by - by.mean())))
+        threshold = max(POSITIONS_FACTOR * spread, POSITIONS_MIN_THRESHOLD)
+    if not threshold > 0:
+        raise ValueError(f"positions threshold must be > 0 arcsec, got {threshold}")
+    return PositionsThreshold(pos[:, 0], pos[:, 1], threshold=threshold, sigma=1e-3 * threshold)
+
+
 #: Regularization strengths tried before the evidence fit picks one (`fit_pixelized`).
 COEFFICIENT_GRID = tuple(10.0**k for k in range(-9, 3))
 
@@ -203,6 +256,8 @@ def fit_pixelized(
     lens_light: str = "solved",
     rounds: int = 3,
     max_steps: int = 300,
+    positions: Any = None,
+    positions_threshold: float | None = None,
     log: Callable[[str], None] | None = print,
     progress: bool = False,
 ) -> tuple[FitResult, Inversion, list[dict[str, Any]]]:
@@ -227,6 +282,16 @@ def fit_pixelized(
     choice after a parametric fit, and the only sound one for a multi-Gaussian lens light,
     whose nearly degenerate Gaussians make an unregularized joint solve singular).
 
+    `positions`: an `(n, 2)` array of `(x, y)` in arcsec, the multiple images of one
+    source point (e.g. `auto_positions(imaging, parametric.model)`: the images of a
+    parametric fit's source centre, as the `equilens` command does), or `None`. With
+    positions, every
+    stage adds a `PositionsThreshold` (`positions_threshold`: the images must keep
+    tracing within `positions_threshold` arcsec of each other's mean in the source plane;
+    default 3 times their spread under the starting model, at least 0.2"): the guard of
+    the established pipelines against mass models that map the arcs to a large, smeared
+    source, which a pixelized source can fit nearly as well.
+
     Returns the `FitResult` of the last kept stage (solved source and amplitudes filled
     in), its `Inversion` (the source's 1-sigma errors included), and one record per stage
     (`{"stage": name, "log_evidence": value, "status": words}`)."""
@@ -247,10 +312,30 @@ def fit_pixelized(
     term = LogEvidence(imaging)
     dtype = imaging.data.dtype
     stages: list[dict[str, Any]] = []
+    if isinstance(positions, str):
+        if positions != "auto":
+            raise ValueError(
+                f'positions must be "auto", an (n, 2) array or None, got {positions!r}'
+            )
+        positions = auto_positions(imaging, model)
+    guard: tuple[Any, ...] = ()
+    if positions is not None:
+        pos = np.asarray(positions, dtype=float)
+        if pos.ndim != 2 or pos.shape[1] != 2 or pos.shape[0] < 2 or not np.isfinite(pos).all():
+            raise ValueError(f"positions must be a finite (n >= 2, 2) array, got shape {pos.shape}")
+        guard = (positions_threshold(model, pos, positions_threshold),)
+        say(
+            f"  positions: {pos.shape[0]} images held within "
+            f'{float(guard[0].threshold):.3g}" of each other in the source plane'
+        )
 
     def record(name: str, r: FitResult) -> None:
-        stages.append({"stage": name, "log_evidence": -float(r.value), "status": r.message()})
-        say(f"  {name}: log evidence {-float(r.value):.1f}, {r.message()}")
+        # the evidence term comes first; a positions guard adds nothing inside its threshold
+        log_ev = -float(r.term_values[0])
+        stages.append({"stage": name, "log_evidence": log_ev, "status": r.message()})
+        if guard:
+            stages[-1]["positions_penalty"] = float(r.term_values[1])
+        say(f"  {name}: log evidence {log_ev:.1f}, {r.message()}")
 
     def run(objective: Objective, start: LensSystem, free: Any) -> FitResult:
         return fit(
@@ -273,11 +358,11 @@ def fit_pixelized(
         best = COEFFICIENT_GRID[int(np.nanargmin(scores))]
         model = eqx.tree_at(where, model, replace_fn=lambda _: jnp.asarray(best, dtype))
         say(f"  regularization start {best:g} (log evidence {-min(scores):.1f})")
-        r = run(Objective(term), model, select(model, lambda s: s.source.regularization))  # pyright: ignore[reportAttributeAccessIssue]
+        r = run(Objective([term, *guard]), model, select(model, lambda s: s.source.regularization))  # pyright: ignore[reportAttributeAccessIssue]
         record("stage 1 (regularization)", r)
         model = r.model
     free = select(model, lambda s: (s.mass, s.source.regularization) if fit_strength else s.mass)  # pyright: ignore[reportAttributeAccessIssue]
-    r = run(Objective(term), model, free)
+    r = run(Objective([term, *guard]), model, free)
     record("stage 2 (mass)", r)
     uses_signal = model.source.regularization.uses_signal  # pyright: ignore[reportAttributeAccessIssue]
     for k in range(1, rounds if uses_signal else 1):
@@ -285,7 +370,7 @@ def fit_pixelized(
         lensed = dataclasses.replace(completed, lens_light=None)
         adapt = np.asarray(lensed.image(imaging.grid, imaging.convolution))
         new_term = LogEvidence(imaging, adapt_image=adapt)
-        trial = run(Objective(new_term), r.model, free)
+        trial = run(Objective([new_term, *guard]), r.model, free)
         record(f"stage {2 + k} (adapted to the source, round {k})", trial)
         gain = float(r.value) - float(trial.value)
         if not trial.success or not gain > 0:

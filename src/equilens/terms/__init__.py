@@ -17,5 +17,8 @@ from ._imaging import (
     PoissonLikelihood as PoissonLikelihood,
     solve_amplitudes as solve_amplitudes,
 )
-from ._positions import PositionsTerm as PositionsTerm
+from ._positions import (
+    PositionsTerm as PositionsTerm,
+    PositionsThreshold as PositionsThreshold,
+)
 from ._priors import GaussianPrior as GaussianPrior, UniformPrior as UniformPrior

@@ -100,3 +100,47 @@ class PositionsTerm(AbstractLeastSquaresTerm):
     def constant(self) -> Scalar:
         n = 2 * self.x.shape[0]
         return n * (jnp.log(self.sigma) + 0.5 * math.log(2 * math.pi))
+
+
+class PositionsThreshold(AbstractLeastSquaresTerm):
+    """A penalty that keeps the multiple images of one source point together in the source
+    plane, without pulling the model inside a tolerance: zero while every image `(x, y)`
+    (arcsec) traces to within `threshold` (arcsec, source plane) of the images' mean
+    source position, and `0.5 ((d - threshold) / sigma)^2` summed over the images whose
+    traced distance `d` from that mean exceeds it (`sigma` in arcsec, source plane; small,
+    so the penalty is a steep wall).
+
+    The guard of the established pipelines against the "demagnified" solutions of a
+    pixelized source (a mass model that maps the arcs to a large, smeared source fits the
+    data about as well; e.g. PyAutoLens's positions likelihood with its threshold, which
+    `equilens.solve.fit_pixelized` follows with positions found by
+    `equilens.solve.auto_positions`). Not a likelihood: inside the threshold it leaves the
+    objective and its gradient unchanged; its constant is zero.
+
+    `model` is a `LensSystem` or a mass profile.
+    """
+
+    x: Float[Array, " n_images"] = eqx.field(converter=_vector)
+    y: Float[Array, " n_images"] = eqx.field(converter=_vector)
+    threshold: Float[Array, ""] = eqx.field(converter=as_float)
+    sigma: Float[Array, ""] = eqx.field(converter=as_float)
+
+    def __check_init__(self):
+        if self.x.ndim != 1 or self.x.shape != self.y.shape or self.x.shape[0] < 2:
+            raise ValueError(
+                f"PositionsThreshold needs x and y of the same length >= 2, got shapes "
+                f"{self.x.shape} and {self.y.shape}"
+            )
+
+    def residuals(self, model: LensSystem | AbstractMassProfile) -> Float[Array, " n"]:
+        mass = model.mass if isinstance(model, LensSystem) else model
+        bx, by = mass.ray_shoot(self.x, self.y)
+        d2 = (bx - jnp.mean(bx)) ** 2 + (by - jnp.mean(by)) ** 2
+        t2 = self.threshold * self.threshold
+        # zero, with a zero gradient, inside the threshold; a finite gradient everywhere
+        # (the square root only sees values >= threshold^2 > 0)
+        excess = jnp.sqrt(jnp.where(d2 > t2, d2, t2)) - self.threshold
+        return excess / self.sigma
+
+    def constant(self) -> Scalar:
+        return jnp.zeros((), self.sigma.dtype)
