@@ -212,7 +212,7 @@ def test_auto_positions_are_the_images_of_the_source_centre(objective):
     # all inside the mask (radius 1.4")
     assert np.all(np.hypot(pos[:, 0], pos[:, 1]) < 1.4)
     # the threshold term built on them: 3 x their spread, at least 0.2"; zero at the start
-    term = el.solve.positions_threshold(truth, pos)
+    term = el.solve.threshold_term(truth, pos)
     assert float(term.threshold) == pytest.approx(0.2)
     assert float(term(truth)) == 0.0
     # a source with no centre, or whose images all fall outside the mask: no positions

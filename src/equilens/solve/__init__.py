@@ -23,7 +23,7 @@ from ._pipeline import (
     fit_pixelized as fit_pixelized,
     lens_bounds as lens_bounds,
     pixelized_model as pixelized_model,
-    positions_threshold as positions_threshold,
+    threshold_term as threshold_term,
 )
 from ._plausible import implausible_notes as implausible_notes
 from ._result import RESULTS as RESULTS, FitResult as FitResult

@@ -14,7 +14,6 @@ from .._lens_system import LensSystem
 from ..data import Imaging
 from ..lensing import image_positions
 from ..light import FixedLight, LightSum
-from ..mass import MassSum
 from ..objective import Objective, select
 from ..source import (
     AbstractMesh,
@@ -27,7 +26,7 @@ from ..terms import GaussianLikelihood, LogEvidence, PositionsTerm, PositionsThr
 from ._fit import SolverLike, fit
 from ._plausible import SIZE_FIELDS, has_field
 from ._result import FitResult
-from ._search import _source_at, arc_placement, lens_search_space, search
+from ._search import _source_at, arc_placement, first_mass, lens_search_space, search
 from ._start import light_moments, start_model
 
 #: The Einstein radii `fit_lens` searches, as fractions of the mask radius, and its bounds.
@@ -168,13 +167,8 @@ def fit_lens(
 
 def _einstein_radius_where(model: LensSystem) -> Callable[[LensSystem], Any]:
     """`where` picking the Einstein radius (`theta_E`) of the first mass component."""
-    if isinstance(model.mass, MassSum):
-        first = model.mass.components[0]
-        if "theta_E" in {f.name for f in dataclasses.fields(first)}:
-            return lambda s: s.mass.components[0].theta_E  # pyright: ignore
-    elif "theta_E" in {f.name for f in dataclasses.fields(model.mass)}:
-        return lambda s: s.mass.theta_E  # pyright: ignore
-    raise ValueError("fit_lens needs a first mass component with an Einstein radius theta_E")
+    at, _ = first_mass(model)
+    return lambda s: at(s).theta_E
 
 
 #: `fit_pixelized`'s positions threshold (arcsec, source plane): `POSITIONS_FACTOR` times
@@ -208,7 +202,7 @@ def auto_positions(imaging: Imaging, model: LensSystem) -> Float[np.ndarray, "n 
     return found if found.shape[0] >= 2 else None
 
 
-def positions_threshold(
+def threshold_term(
     model: LensSystem, positions: Float[np.ndarray, "n 2"], threshold: float | None = None
 ) -> PositionsThreshold:
     """A `PositionsThreshold` on `positions` (`(n, 2)`, arcsec): its threshold is
@@ -312,18 +306,12 @@ def fit_pixelized(
     term = LogEvidence(imaging)
     dtype = imaging.data.dtype
     stages: list[dict[str, Any]] = []
-    if isinstance(positions, str):
-        if positions != "auto":
-            raise ValueError(
-                f'positions must be "auto", an (n, 2) array or None, got {positions!r}'
-            )
-        positions = auto_positions(imaging, model)
     guard: tuple[Any, ...] = ()
     if positions is not None:
         pos = np.asarray(positions, dtype=float)
         if pos.ndim != 2 or pos.shape[1] != 2 or pos.shape[0] < 2 or not np.isfinite(pos).all():
             raise ValueError(f"positions must be a finite (n >= 2, 2) array, got shape {pos.shape}")
-        guard = (positions_threshold(model, pos, positions_threshold),)
+        guard = (threshold_term(model, pos, positions_threshold),)
         say(
             f"  positions: {pos.shape[0]} images held within "
             f'{float(guard[0].threshold):.3g}" of each other in the source plane'

@@ -42,6 +42,21 @@ def _source_at(model: LensSystem) -> Callable[[Any], Any] | None:
     return None
 
 
+def first_mass(model: LensSystem) -> tuple[Callable[[Any], Any], Any]:
+    """`where` picking the first mass component of `model` (the main deflector), and that
+    component. Raises `ValueError` when it has no Einstein radius `theta_E`."""
+    if isinstance(model.mass, MassSum):
+        first, at = model.mass.components[0], lambda s: s.mass.components[0]
+    else:
+        first, at = model.mass, lambda s: s.mass
+    if not has_field(first, "theta_E"):
+        raise ValueError(
+            f"the first mass component must have an Einstein radius theta_E, got "
+            f"{type(first).__name__}"
+        )
+    return at, first
+
+
 def lens_search_space(
     model: LensSystem,
     theta_E: tuple[float, float] | None = None,
@@ -60,18 +75,8 @@ def lens_search_space(
     Raises `ValueError` when the first mass component has no `theta_E`, or for an empty
     or reversed `theta_E` range."""
     comps = model.mass.components if isinstance(model.mass, MassSum) else (model.mass,)
-    first = comps[0]
+    mass_at, first = first_mass(model)
     names = {f.name for f in dataclasses.fields(first)}
-    if "theta_E" not in names:
-        raise ValueError(
-            f"lens_search_space needs a first mass component with theta_E, got "
-            f"{type(first).__name__}"
-        )
-    mass_at: Callable[[Any], Any]
-    if isinstance(model.mass, MassSum):
-        mass_at = lambda s: s.mass.components[0]
-    else:
-        mass_at = lambda s: s.mass
     if theta_E is None:
         te = float(first.theta_E)  # pyright: ignore[reportAttributeAccessIssue]
         theta_E = (0.5 * te, 2.0 * te)
