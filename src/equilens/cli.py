@@ -16,7 +16,9 @@ and the source-plane reconstruction is written as OUT_source.fits (HDU 0 the sou
 flux/arcsec^2, HDU 1 its 1-sigma errors). `--lens-light` defaults to `mge` (a linear
 multi-Gaussian expansion); `none` is for data with the lens light removed. `--positions
 FILE` (x y in arcsec per line: the multiple images of one source point) adds a positions
-penalty (`--positions-sigma`, default a pixel). Errors are one
+penalty (`--positions-sigma`, default a pixel). The pixelized chain holds the images of one
+source point together in the source plane (a `PositionsThreshold`): the `--positions`, or
+else the images of the parametric source's centre. Errors are one
 line on stderr and exit status 1; a fit that did not converge, or converged to an
 implausible model (a parameter at a bound, a source larger than the data), writes its
 results, says why on stderr and exits with status 2.
@@ -326,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     fit.add_argument(
         "--positions",
         help="text file: x y (arcsec, one line per multiple image of one source point); "
-        "adds a positions penalty to the parametric fit",
+        "adds a positions penalty to the parametric fit, and holds them together in the "
+        "pixelized chain (default there: the images of the parametric source's centre)",
     )
     fit.add_argument(
         "--positions-sigma", type=float, help="1-sigma of the positions (arcsec; default a pixel)"
