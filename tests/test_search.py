@@ -164,6 +164,17 @@ def test_implausible_notes_name_each_reason(objective):
     # a parameter the fit does not vary is not reported at its bound
     held = el.select(runaway, lambda s: s.source)
     assert not any("e1" in n for n in implausible_notes(objective, runaway, free=held))
+    # a regularization hyperparameter at its bound is the evidence's preferred limit
+    # (signal_scale -> 0: constant weights), not an implausible lens; the mass still is
+    evidence = el.Objective(el.LogEvidence(objective.terms[0].imaging))
+    pix = el.solve.pixelized_model(
+        eqx.tree_at(lambda s: s.mass.components[0].e1, _truth(), jnp.asarray(0.5995)),
+        el.RectangularMesh((6, 6)),
+        el.AdaptiveBrightness(1.0, 1.0, signal_scale=1e-6),
+    )
+    notes = implausible_notes(evidence, pix)
+    assert not any("signal_scale" in n for n in notes), notes
+    assert any("mass.components[0].e1" in n for n in notes), notes
 
 
 def test_fit_stopped_by_a_bound_is_not_successful(objective):

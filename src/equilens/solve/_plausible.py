@@ -13,6 +13,7 @@ from ..light import AbstractLightProfile, LightSum
 from ..mass import MassSum
 from ..objective import Objective
 from ..objective._params import Bounds, Where
+from ..regularization import AbstractRegularization
 from ._result import RESULTS, FitResult
 
 #: A free parameter closer to a finite bound than this fraction of its interval is "at" it.
@@ -65,7 +66,10 @@ def implausible_notes(
 
     - a free parameter (chosen and bounded as in `equilens.fit`) within `AT_BOUND` of a
       finite bound of a two-sided interval: the data did not stop it, the bound did
-      (shape indices, `SHAPE_INDEX_FIELDS`, excepted);
+      (shape indices, `SHAPE_INDEX_FIELDS`, and the hyperparameters of a regularization
+      excepted: at a bound, the evidence prefers the limiting form, e.g. the constant
+      weights of `AdaptiveBrightness` with `signal_scale -> 0`, which says nothing against
+      the lens model);
     - for a `LensSystem` fitted to imaging: a parametric source component larger than the
       data (its `R_sersic`, `sigma` or `beta` beyond the half-width of the used pixels: a
       source that has run off to a diffuse blob), a parametric source without flux (its
@@ -76,10 +80,18 @@ def implausible_notes(
 
     notes: list[str] = []
     param = parametrisation(objective, model, free, bounds, check=False)
-    for leaf, f, b, path in zip(
-        jtu.tree_leaves(model), param.free, param.bounds, param.leaf_paths, strict=True
+    is_reg = lambda x: isinstance(x, AbstractRegularization)
+    hyper = jtu.tree_leaves(
+        jtu.tree_map(
+            lambda node: jtu.tree_map(lambda _: True, node) if is_reg(node) else False,
+            model,
+            is_leaf=is_reg,
+        )
+    )
+    for leaf, f, b, path, h in zip(
+        jtu.tree_leaves(model), param.free, param.bounds, param.leaf_paths, hyper, strict=True
     ):
-        if not f or b is None or not (np.isfinite(b[0]) and np.isfinite(b[1])):
+        if h or not f or b is None or not (np.isfinite(b[0]) and np.isfinite(b[1])):
             continue
         if path.rsplit(".", 1)[-1] in SHAPE_INDEX_FIELDS:
             continue
