@@ -1410,3 +1410,60 @@ def test_kept_triangulation_owns_its_nodes():
     np.testing.assert_array_equal(
         np.sort(verts[inside], axis=1), np.sort(tri.simplices[simplex[inside]], axis=1)
     )
+
+
+@pytest.mark.x64_only
+def test_conditional_covariance_when_a_hyperparameter_is_unconstrained(dataset):
+    # a zero adapt image: every source pixel's signal is 0, so AdaptiveBrightness weights
+    # every pixel with the outer coefficient and the inner one has no effect at all
+    term = el.LogEvidence(dataset, adapt_image=np.zeros(dataset.shape))
+    objective = el.Objective(term)
+    system = _system(el.RectangularMesh((10, 10)), el.AdaptiveBrightness(1.0, 1.0, 1.0), False)
+    free = el.select(system, lambda s: (s.mass.components[0].theta_E, s.source.regularization))
+    from equilens.solve._fit import _covariance_jit, parametrisation
+
+    # the gradient is finite (the normalisation of an all-zero signal once gave NaN) and
+    # exactly zero for the inner coefficient
+    g = eqx.filter_jit(eqx.filter_grad(lambda m: term(m)))(system)
+    assert np.isfinite(float(g.mass.components[0].theta_E))
+    assert float(g.source.regularization.inner_coefficient) == 0.0
+    # the premise: the Hessian over every fitted parameter is singular ...
+    param = parametrisation(objective, system, free, None)
+    _, ok = _covariance_jit(objective, param, system)
+    assert not bool(ok)
+    # ... so a fit converged there reports covariance_failed, with no errors
+    n = len(param.paths(system))
+    value = eqx.filter_jit(term)(system)
+    failed = el.solve.FitResult(
+        model=system,
+        value=value,
+        term_values=value[None],
+        chi2=jnp.zeros(()),
+        num_steps=jnp.zeros((), int),
+        result=el.solve.RESULTS.covariance_failed,
+        covariance=jnp.full((n, n), jnp.nan),
+        names=param.paths(system),
+        n_data=objective.n_data,
+        n_linear=0,
+        solver="bfgs",
+    )
+    mass_only = el.select(system, lambda s: s.mass.components[0].theta_E)
+    out = el.solve.with_conditional_covariance(failed, objective, mass_only)
+    assert out.success
+    errors = dict(zip(out.names, np.asarray(out.errors), strict=True))
+    te = errors.pop("mass.components[0].theta_E")
+    assert np.isfinite(te) and te > 0
+    # the restricted Hessian's inverse: 1 / d2(-log evidence)/d theta_E^2 at the model
+    hess = jax.jit(
+        jax.hessian(lambda t: term(eqx.tree_at(lambda s: s.mass.components[0].theta_E, system, t)))
+    )(system.mass.components[0].theta_E)
+    assert te == pytest.approx(float(hess) ** -0.5, rel=1e-6)
+    assert all(np.isnan(v) for v in errors.values())  # the held hyperparameters
+    assert "held at their fitted values" in out.message()
+    # a result that did not fail for its covariance is left as it is
+    done = dataclasses.replace(failed, result=el.solve.RESULTS.successful)
+    assert el.solve.with_conditional_covariance(done, objective, mass_only) is done
+    with pytest.raises(ValueError, match="fitted parameters only"):
+        el.solve.with_conditional_covariance(
+            failed, objective, el.select(system, lambda s: s.mass.components[0].e1)
+        )

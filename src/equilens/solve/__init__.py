@@ -10,6 +10,7 @@ from ._fit import (
     multi_start as multi_start,
     pick as pick,
     sample_starts as sample_starts,
+    with_conditional_covariance as with_conditional_covariance,
 )
 from ._io import (
     load as load,

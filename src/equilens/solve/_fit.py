@@ -1,5 +1,6 @@
 """`fit`: minimise an objective over the free parameters of a model, on device."""
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping
@@ -398,6 +399,59 @@ def fit(
     if throw:
         _raise_if_failed(result)
     return result
+
+
+@eqx.filter_jit
+def _covariance_jit(objective: Objective, param: Parametrisation, model):
+    return _covariance(objective, param, model, objective.least_squares)
+
+
+def with_conditional_covariance(
+    result: FitResult,
+    objective: Objective,
+    free: PyTree[bool] | Callable[[Any], bool],
+    *,
+    bounds: Mapping[Where, Bounds] | None = None,
+) -> FitResult:
+    """`result` itself, unless its status is `RESULTS.covariance_failed` (the Hessian over
+    every free parameter is not positive definite: often one parameter the data leave
+    unconstrained, such as a regularization hyperparameter with no effect on the
+    evidence): then the covariance of the parameters `free` selects (a subset of the
+    fitted ones, e.g. the mass), the others held at their fitted values, i.e. the inverse
+    of the Hessian restricted to them. When that one is positive definite, the result
+    becomes successful with those errors, `NaN` for the held parameters, and a note that
+    says so; otherwise it is returned unchanged.
+
+    `objective` and `bounds` are those of the fit that gave `result`."""
+    if not bool(result.result == RESULTS.covariance_failed):
+        return result
+    param = parametrisation(objective, result.model, free, bounds, check=False)
+    kept = param.paths(result.model)
+    if not set(kept) <= set(result.names):
+        raise ValueError(
+            "with_conditional_covariance: `free` must select fitted parameters only, got "
+            f"{sorted(set(kept) - set(result.names))}"
+        )
+    if not kept:
+        return result
+    cov, ok = _covariance_jit(objective, param, result.model)
+    if not bool(ok):
+        return result
+    index = {n: i for i, n in enumerate(result.names)}
+    held = [n for n in result.names if n not in set(kept)]
+    full = np.full((result.n_free, result.n_free), np.nan)
+    rows = [index[n] for n in kept]
+    full[np.ix_(rows, rows)] = np.asarray(cov)
+    note = (
+        "the Hessian over every fitted parameter is not positive definite: errors of the "
+        "others with " + ", ".join(held) + " held at their fitted values (no error)"
+    )
+    return dataclasses.replace(
+        result,
+        covariance=jnp.asarray(full, dtype=result.covariance.dtype),
+        result=RESULTS.successful,
+        notes=(*result.notes, note),
+    )
 
 
 def _result(out, objective: Objective, param: Parametrisation, model, name: str, t0: float):

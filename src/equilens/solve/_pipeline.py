@@ -1,11 +1,13 @@
 """`fit_lens`: the staged fit of an imaging dataset used by the `equilens` command."""
 
 import dataclasses
+import operator
 import time
 from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float
@@ -23,7 +25,7 @@ from ..source import (
     PixelizedSource,
 )
 from ..terms import GaussianLikelihood, LogEvidence, PositionsTerm, PositionsThreshold
-from ._fit import SolverLike, fit
+from ._fit import SolverLike, fit, with_conditional_covariance
 from ._plausible import SIZE_FIELDS, has_field
 from ._result import FitResult
 from ._search import _source_at, arc_placement, first_mass, lens_search_space, search
@@ -326,7 +328,7 @@ def fit_pixelized(
         say(f"  {name}: log evidence {log_ev:.1f}, {r.message()}")
 
     def run(objective: Objective, start: LensSystem, free: Any) -> FitResult:
-        return fit(
+        r = fit(
             objective,
             start,
             solver,
@@ -335,6 +337,11 @@ def fit_pixelized(
             throw=False,
             progress=progress,
         )
+        # a regularization hyperparameter the evidence does not constrain (e.g. the inner
+        # coefficient of an AdaptiveBrightness whose signal is nowhere 1) leaves the
+        # Hessian singular: the mass errors are then given with the hyperparameters held
+        mass = jax.tree.map(operator.and_, free, select(start, lambda s: s.mass))
+        return with_conditional_covariance(r, objective, mass)
 
     if fit_strength:
         where = _strength_where(model)

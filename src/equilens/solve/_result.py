@@ -42,7 +42,9 @@ class FitResult(eqx.Module):
     - `names`: path of every free scalar parameter, e.g. `mass.components[0].theta_E`.
     - `solver`: the solver's name; `wall_time`: seconds (host clock, compile included).
     - `notes`: why the model is implausible (`equilens.solve.implausible_notes`; the
-      status is then `RESULTS.implausible`), empty otherwise.
+      status is then `RESULTS.implausible`), or how the errors were obtained when not from
+      the Hessian over every fitted parameter (`equilens.solve.with_conditional_covariance`);
+      empty otherwise.
 
     Batched fits (`fit_batch`, `multi_start`) give the array fields a leading batch axis;
     `equilens.solve.pick(result, i)` takes one element.

@@ -203,7 +203,10 @@ class LogEvidence(AbstractImagingTerm):
             total = map_to_source(idx, w, self.adapt, n_s)
             cover = map_to_source(idx, w, jnp.ones_like(self.adapt), n_s)
             signal = jnp.where(cover > 0, total / jnp.where(cover > 0, cover, 1.0), 0.0)
-            signal = signal / jnp.maximum(jnp.max(signal), jnp.finfo(signal.dtype).tiny)
+            # (an adapt image that is zero on every source pixel gives a zero signal, with
+            # a finite gradient: a floored division's derivative is 0/0 there)
+            peak = jnp.max(signal)
+            signal = jnp.where(peak > 0, signal / jnp.where(peak > 0, peak, 1.0), 0.0)
         else:
             signal = jnp.zeros(n_s, w.dtype)
         # (a SparseSymmetric H stays by entries: made dense only on the routes that add
