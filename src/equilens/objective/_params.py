@@ -92,12 +92,31 @@ def _forward(raw: Array, bounds: Bounds | None) -> Array:
     return lo + (hi - lo) * jax.nn.sigmoid(raw)
 
 
+#: A starting value exactly at a finite bound (as a fit that ran onto it returns: the
+#: bounded map reaches the bound in floating point) starts this fraction of the interval
+#: (or of `max(1, |bound|)` for a one-sided interval) inside it; in float32, 4 ulps.
+AT_BOUND_START = 1e-9
+
+
+def _inside(value: Array, bounds: Bounds) -> Array:
+    lo, hi = bounds
+    value = jnp.asarray(value)
+    frac = max(AT_BOUND_START, 4 * float(jnp.finfo(value.dtype).eps))
+    if math.isinf(lo) or math.isinf(hi):
+        b = hi if math.isinf(lo) else lo
+        step = frac * max(1.0, abs(b))
+        return jnp.minimum(value, hi - step) if math.isinf(lo) else jnp.maximum(value, lo + step)
+    step = frac * (hi - lo)
+    return jnp.clip(value, lo + step, hi - step)
+
+
 def _inverse(value: Array, bounds: Bounds | None) -> Array:
     if bounds is None:
         return value
     lo, hi = bounds
     if math.isinf(lo) and math.isinf(hi):
         return value
+    value = _inside(value, bounds)
     if math.isinf(hi):
         return jnp.log(value - lo)
     if math.isinf(lo):
@@ -180,7 +199,8 @@ class Parametrisation(eqx.Module):
         return out
 
     def check(self, model: PyTree[Any]) -> None:
-        """Raises `ValueError` if a free leaf of `model` is outside its bounds (host-side)."""
+        """Raises `ValueError` if a free leaf of `model` is outside its bounds (host-side).
+        A value exactly at a bound is accepted: `to_raw` starts it `AT_BOUND_START` inside."""
         leaves = jtu.tree_leaves(model)
         for leaf, f, b, path in zip(leaves, self.free, self.bounds, self.leaf_paths, strict=True):
             if not f or b is None:
@@ -188,7 +208,7 @@ class Parametrisation(eqx.Module):
             v = np.asarray(leaf)
             if not np.isfinite(v).all():
                 raise ValueError(f"{path.lstrip('.')} has non-finite starting values")
-            if not (np.all(v > b[0]) and np.all(v < b[1])):
+            if not (np.all(v >= b[0]) and np.all(v <= b[1])):
                 raise ValueError(
                     f"starting value {path.lstrip('.')} = {v.tolist()} is outside its bounds "
                     f"({b[0]}, {b[1]}); pass bounds={{where: (lower, upper)}} to change them"
