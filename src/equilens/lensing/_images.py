@@ -81,12 +81,16 @@ def image_positions(
     rows, cols = np.nonzero(is_min & (centre <= reach))
     if rows.size == 0:
         return np.zeros((0, 2))
-    x0 = x[rows + 1, cols + 1]
-    y0 = y[rows + 1, cols + 1]
+    # the candidates padded to a power of two (repeating the first): the compiled Newton
+    # solve is reused across calls
+    n = rows.size
+    pad = np.concatenate([np.arange(n), np.zeros((1 << (n - 1).bit_length()) - n, int)])
+    x0 = x[rows[pad] + 1, cols[pad] + 1]
+    y0 = y[rows[pad] + 1, cols[pad] + 1]
     tol = 1e-10 if jnp.finfo(dtype).bits == 64 else 1e-5
     theta, ok = _newton(mass, x0, y0, beta, tol)
     traced = np.stack([np.asarray(v) for v in _traced(mass, theta[:, 0], theta[:, 1])], axis=1)
-    theta, ok = np.array(theta, dtype=np.float64), np.array(ok)
+    theta, ok, traced = np.array(theta, dtype=np.float64)[:n], np.array(ok)[:n], traced[:n]
     ok &= np.all(np.isfinite(theta), axis=1)
     ok &= np.hypot(*(traced - np.asarray(beta)[None, :]).T) <= 100 * tol
     half = 0.5 * np.array(grid.shape[::-1]) * grid.pixel_scale

@@ -281,12 +281,17 @@ def fit_pixelized(
     `positions`: an `(n, 2)` array of `(x, y)` in arcsec, the multiple images of one
     source point (e.g. `auto_positions(imaging, parametric.model)`: the images of a
     parametric fit's source centre, as the `equilens` command does), or `None`. With
-    positions, every
-    stage adds a `PositionsThreshold` (`positions_threshold`: the images must keep
-    tracing within `positions_threshold` arcsec of each other's mean in the source plane;
+    positions, every stage adds a `PositionsThreshold` (`threshold_term`: the images must
+    keep tracing within `positions_threshold` arcsec of their mean in the source plane;
     default 3 times their spread under the starting model, at least 0.2"): the guard of
     the established pipelines against mass models that map the arcs to a large, smeared
-    source, which a pixelized source can fit nearly as well.
+    source, which a pixelized source can fit nearly as well. Each stage's record then
+    holds its `positions_penalty` (zero while the guard is not touched).
+
+    The errors are those of the Laplace approximation over every fitted parameter; when
+    that Hessian is singular (a hyperparameter the evidence leaves unconstrained), the
+    mass errors with the hyperparameters held (`with_conditional_covariance`, said in
+    the result's `notes`).
 
     Returns the `FitResult` of the last kept stage (solved source and amplitudes filled
     in), its `Inversion` (the source's 1-sigma errors included), and one record per stage
