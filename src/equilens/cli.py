@@ -165,7 +165,7 @@ def run_fit(
     mesh: str = "rectangular",
     regularization: str = "constant",
     strength: float | None = None,
-    max_steps: int = 300,
+    max_steps: int | None = None,
     positions=None,
     positions_sigma: float | None = None,
 ) -> dict[str, str]:
@@ -204,7 +204,7 @@ def run_fit(
         lens_light,
         parametric,
         solver=solver,
-        max_steps=max_steps,
+        max_steps=300 if max_steps is None else max_steps,
         positions=positions,
         positions_sigma=positions_sigma,
         progress=progress,
@@ -236,7 +236,7 @@ def run_fit(
             solver=solver_px,
             fit_strength=strength is None,
             lens_light="fixed",
-            max_steps=max_steps,
+            max_steps=1000 if max_steps is None else max_steps,
             positions=held,
             progress=progress,
         )
@@ -323,7 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     fit.add_argument("--supersampling", type=int, default=1, help="sub-pixels per pixel side")
     fit.add_argument("--solver", default="lm", help="solver name (lm, bfgs, lbfgs, adam)")
     fit.add_argument(
-        "--max-steps", type=int, default=300, help="solver steps at most, per fit (default 300)"
+        "--max-steps",
+        type=int,
+        default=None,
+        help="solver steps at most, per fit (default 300 per parametric fit, 1000 per "
+        "evidence fit of the pixelized chain)",
     )
     fit.add_argument(
         "--positions",
@@ -346,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if args.supersampling < 1:
                 raise ValueError(f"--supersampling must be >= 1, got {args.supersampling}")
-            if args.max_steps < 1:
+            if args.max_steps is not None and args.max_steps < 1:
                 raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}")
             imaging = _load(
                 args.image,

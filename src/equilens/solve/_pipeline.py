@@ -251,7 +251,7 @@ def fit_pixelized(
     fit_strength: bool = True,
     lens_light: str = "solved",
     rounds: int = 3,
-    max_steps: int = 300,
+    max_steps: int = 1000,
     positions: Any = None,
     positions_threshold: float | None = None,
     log: Callable[[str], None] | None = print,
@@ -272,6 +272,10 @@ def fit_pixelized(
        lensed source of the last reconstruction (instead of the data, which holds the lens
        light too), and stage 2 is repeated; the chain stops when the log-evidence gains
        less than 1 (or drops: the previous round is kept).
+
+    `max_steps` is per stage (default 1000: BFGS on the evidence of an adaptive mesh,
+    whose quantile nodes make it only piecewise smooth, can need several hundred steps
+    from a parametric start).
 
     `lens_light`: "solved" (its linear amplitudes solved in the same system as the
     source, unregularized) or "fixed" (held as it is in `model`, `FixedLight`: the usual
