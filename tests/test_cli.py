@@ -125,6 +125,10 @@ def test_pixelized_fit_writes_evidence_and_source_fits(fits_files, tmp_path):
     assert main([*argv, "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert np.isfinite(result["log_evidence"])
+    # the chain held the images of the parametric source's centre together: every stage
+    # stayed inside the threshold
+    assert len(result["positions"]) >= 2
+    assert all(stage["positions_penalty"] == 0.0 for stage in result["stages"])
     source = result["components"][-1]
     assert source["class"] == "PixelizedSource" and source["n_pixels"] == 144
     assert source["mesh"] == "AdaptiveRectangularMesh"
