@@ -244,7 +244,7 @@ def run_fit(
         extra["log_evidence"] = float(inversion.log_evidence)
         extra["source_fits"] = base + "_source.fits"
         write_source_fits(base + "_source.fits", inversion)
-        plot_reconstruction(result.model, imaging, inversion, png, title=title)
+        plot_reconstruction(result.model, imaging, inversion, png, title=title, positions=held)
         out["source_fits"] = base + "_source.fits"
     else:
         plot_fit(result.model, imaging, png, title=title)

@@ -3,7 +3,9 @@
 import dataclasses
 import os
 
+import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Float
 
 from ._grid import Grid
 from ._lens_system import LensSystem
@@ -127,6 +129,7 @@ def plot_reconstruction(
     inversion: Inversion,
     path: str | os.PathLike,
     title: str = "",
+    positions: Float[np.ndarray, "n 2"] | None = None,
 ) -> str:
     """Writes a six-panel PNG of a pixelized-source fit: the data with the critical curves
     (cyan), the data minus the lens-light model (the arcs), the model of the lensed source
@@ -135,7 +138,9 @@ def plot_reconstruction(
     grid over the mesh, nodes dotted, caustics in cyan) and its 1-sigma errors
     (`sqrt(diag((F+H)^-1))`). `system` is the fitted model with the solved source filled
     in (`LogEvidence.complete`; `fit_pixelized` returns it so); `inversion` comes from
-    `LogEvidence.invert(system, errors=True)`. Returns the path."""
+    `LogEvidence.invert(system, errors=True)`. `positions` (`(n, 2)`, arcsec; e.g. the
+    ones the chain held together) are marked with green crosses on the image panels and,
+    traced by the fitted mass, on the source panels. Returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,9 +183,16 @@ def plot_reconstruction(
     im = axes[3].imshow(resid, origin="lower", extent=ext, cmap="RdBu_r", vmin=-5, vmax=5)
     fig.colorbar(im, ax=axes[3], shrink=0.8, label="(data - model) / noise")
     axes[3].set_title("normalised residuals")
+    pos = np.zeros((0, 2)) if positions is None else np.asarray(positions, dtype=float)
+    dtype = jnp.result_type(float)
+    traced = [
+        np.asarray(v)
+        for v in system.mass.ray_shoot(jnp.asarray(pos[:, 0], dtype), jnp.asarray(pos[:, 1], dtype))
+    ]
     for ax in axes[:4]:
         for line in crit:
             ax.plot(line[:, 0], line[:, 1], color="cyan", lw=0.8)
+        ax.plot(pos[:, 0], pos[:, 1], "x", color="lime", ms=7, mew=1.5)
         ax.set_xlim(ext[:2])
         ax.set_ylim(ext[2:])
     for ax, img, label, cmap in [
@@ -194,6 +206,7 @@ def plot_reconstruction(
         ax.plot(nodes[:, 0], nodes[:, 1], ".", color="white", ms=1.0, alpha=0.5)
         for line in caus:
             ax.plot(line[:, 0], line[:, 1], color="cyan", lw=0.8)
+        ax.plot(traced[0], traced[1], "x", color="lime", ms=7, mew=1.5)
         ax.set_xlim(sext[:2])
         ax.set_ylim(sext[2:])
     for ax in axes:
