@@ -14,6 +14,31 @@ from .lensing import caustics, critical_curves
 from .source import Inversion
 
 
+def _source_zoom(
+    src: np.ndarray, src_grid: Grid, caus: list[np.ndarray], full: list[float]
+) -> list[float]:
+    """The source-plane box the source panels show: the caustics and the source's bright
+    part (above a tenth of its peak), padded by half their size (at least 0.2"), inside
+    the mesh's extent `full`."""
+    x, y = (np.asarray(v) for v in src_grid.coordinates())
+    finite = np.isfinite(src)
+    peak = float(np.max(src[finite])) if finite.any() else 0.0
+    bright = finite & (src > 0.1 * peak) if peak > 0 else np.zeros_like(finite)
+    px = [x[bright], *(c[:, 0] for c in caus)]
+    py = [y[bright], *(c[:, 1] for c in caus)]
+    xs, ys = np.concatenate(px), np.concatenate(py)
+    if xs.size == 0:
+        return full
+    cx, cy = 0.5 * (xs.min() + xs.max()), 0.5 * (ys.min() + ys.max())
+    half = max(0.75 * max(np.ptp(xs), np.ptp(ys)), 0.2)
+    return [
+        max(full[0], cx - half),
+        min(full[1], cx + half),
+        max(full[2], cy - half),
+        min(full[3], cy + half),
+    ]
+
+
 def _extent(grid: Grid) -> list[float]:
     ny, nx = grid.shape
     ps, (ox, oy) = grid.pixel_scale, grid.origin
@@ -135,7 +160,8 @@ def plot_reconstruction(
     (cyan), the data minus the lens-light model (the arcs), the model of the lensed source
     alone (all three in an asinh stretch, `asinh_stretch`), the normalised residuals
     (colour range +-5), the reconstructed source (interpolated to a regular source-plane
-    grid over the mesh, nodes dotted, caustics in cyan) and its 1-sigma errors
+    grid over the mesh, nodes dotted, caustics in cyan; zoomed on the caustics and the
+    source's bright part) and its 1-sigma errors
     (`sqrt(diag((F+H)^-1))`). `system` is the fitted model with the solved source filled
     in (`LogEvidence.complete`; `fit_pixelized` returns it so); `inversion` comes from
     `LogEvidence.invert(system, errors=True)`. `positions` (`(n, 2)`, arcsec; e.g. the
@@ -164,6 +190,7 @@ def plot_reconstruction(
     crit = critical_curves(system.mass, fine)
     caus = caustics(system.mass, fine)
     sext, ext = _extent(src_grid), _extent(grid)
+    zoom = _source_zoom(src, src_grid, caus, sext)
     soft = float(np.median(noise[mask])) if mask.any() else 1.0
     vmax = float(np.nanpercentile(np.where(mask, data, np.nan), 99.9))
     arcs_max = float(np.nanpercentile(np.where(mask, arcs, np.nan), 99.9))
@@ -207,8 +234,8 @@ def plot_reconstruction(
         for line in caus:
             ax.plot(line[:, 0], line[:, 1], color="cyan", lw=0.8)
         ax.plot(traced[0], traced[1], "x", color="lime", ms=7, mew=1.5)
-        ax.set_xlim(sext[:2])
-        ax.set_ylim(sext[2:])
+        ax.set_xlim(zoom[:2])
+        ax.set_ylim(zoom[2:])
     for ax in axes:
         ax.set_xlabel("x [arcsec]")
         ax.set_ylabel("y [arcsec]")
