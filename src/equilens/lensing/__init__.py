@@ -2,4 +2,7 @@
 caustics and the multiple images of a source point."""
 
 from ._critical import caustics as caustics, critical_curves as critical_curves
-from ._images import image_positions as image_positions
+from ._images import (
+    image_positions as image_positions,
+    solve_lens_equation as solve_lens_equation,
+)

@@ -4,13 +4,12 @@ import math
 from typing import Literal
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
-import optimistix as optx
 from jaxtyping import Array, ArrayLike, Float, Scalar
 
 from .._custom_types import as_float
 from .._lens_system import LensSystem
+from ..lensing import solve_lens_equation
 from ..mass import AbstractMassProfile
 from ._base import AbstractLeastSquaresTerm
 
@@ -71,30 +70,11 @@ class PositionsTerm(AbstractLeastSquaresTerm):
             dx, dy = bx - beta_x, by - beta_y
             rx, ry = i11 * dx + i12 * dy, i12 * dx + i22 * dy
         else:
-
-            def lens_equation(theta, beta):
-                sx, sy = mass.ray_shoot(theta[0], theta[1])
-                return jnp.stack([sx - beta[0], sy - beta[1]])
-
-            # arcsec: far below any astrometric error, and reachable in the working precision
-            tol = 1e-10 if jnp.finfo(self.x.dtype).bits == 64 else 1e-5
-
-            def solve(x0, y0):
-                sol = optx.root_find(
-                    lens_equation,
-                    optx.Newton(rtol=tol, atol=tol),
-                    jnp.stack([x0, y0]),
-                    args=jnp.stack([beta_x, beta_y]),
-                    max_steps=32,
-                    throw=False,
-                )
-                # an image the Newton solve cannot reach gives an infinite residual (a step
-                # the fit rejects), never a silently wrong one
-                ok = sol.result == optx.RESULTS.successful
-                return jnp.where(ok, sol.value, jnp.inf)
-
-            theta = jax.vmap(solve)(self.x, self.y)
-            rx, ry = theta[:, 0] - self.x, theta[:, 1] - self.y
+            tx, ty, ok = solve_lens_equation(mass, self.x, self.y, beta_x, beta_y)
+            # an image the Newton solve cannot reach gives an infinite residual (a step
+            # the fit rejects), never a silently wrong one
+            rx = jnp.where(ok, tx, jnp.inf) - self.x
+            ry = jnp.where(ok, ty, jnp.inf) - self.y
         return jnp.concatenate([rx, ry]) / self.sigma
 
     def constant(self) -> Scalar:
