@@ -62,8 +62,9 @@ def tests(session: nox.Session, precision: str) -> None:
 def slow(session: nox.Session) -> None:
     """The tests marked `slow` (float64): whole fits (the HST demo, the CLI, recovery over
     seeds and solvers, evidence fits) and every script in examples/ (tests/test_examples.py
-    runs each in its own process), shared out over the pytest-xdist workers."""
-    session.install("-e", ".[test]")
+    runs each in its own process), shared out over the pytest-xdist workers. Installs
+    lenstronomy: one lens of the lenstronomy-simulated validation suite is fitted end to end."""
+    session.install("-e", ".[test,crosscheck]")
     _pytest(session, "slow", "3.11", "float64")
 
 
@@ -89,7 +90,8 @@ def _pytest(session: nox.Session, marker: str, python: str, precision: str) -> N
 def crosscheck(session: nox.Session) -> None:
     """Agreement with lenstronomy over random parameter draws (prints the worst errors)."""
     session.install("-e", ".[test,crosscheck]")
-    session.run("pytest", "-m", "crosscheck", "-q", "-s", "-n", "0", *session.posargs)
+    # the whole fits of lenstronomy-simulated lenses are `slow` too: the slow session runs them
+    session.run("pytest", "-m", "crosscheck and not slow", "-q", "-s", "-n", "0", *session.posargs)
 
 
 @nox.session(python="3.11")

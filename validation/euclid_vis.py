@@ -92,7 +92,8 @@ def main() -> int:
     if args.source == "pixelized":
         argv += ["--mesh", "adaptive", "--regularization", "adaptive"]
     code = equilens(argv)
-    result = json.loads(open(out).read())
+    with open(out) as f:
+        result = json.load(f)
     sie = result["components"][0]["parameters"]
     shear = result["components"][1]["parameters"]
     e = np.hypot(sie["e1"]["value"], sie["e2"]["value"])

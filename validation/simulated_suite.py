@@ -176,7 +176,8 @@ def fit_one(i: int, lens: dict, folder: str, source: str) -> dict:
     t0 = time.perf_counter()
     code = main(argv)
     wall = time.perf_counter() - t0
-    result = json.loads(open(out).read())
+    with open(out) as f:
+        result = json.load(f)
     fitted = result["components"][0]["parameters"]["theta_E"]["value"]
     true = lens["mass"][0]["theta_E"]
     stage = result.get("parametric_stage")
