@@ -221,3 +221,67 @@ def test_progress_bar_reports_from_the_device_loop(capsys):
     err = capsys.readouterr().err
     assert "fit (BFGS" in err or "fit (bfgs)" in err, err
     assert r.success
+
+
+class _Point(eqx.Module):
+    a: jax.Array
+    b: jax.Array
+
+
+class _RoughQuadratic(el.terms.AbstractTerm):
+    """0.5 (p - m)^T A (p - m) plus a ripple far finer than the 1-sigma scale: the shape
+    of a pixelized source's log-evidence, smooth only piecewise in the mass."""
+
+    ripple: float
+
+    def __call__(self, model):
+        p = jnp.stack([model.a, model.b]) - jnp.array([0.3, -0.2])
+        a = jnp.array([[400.0, 120.0], [120.0, 100.0]])
+        return 0.5 * p @ a @ p + self.ripple * jnp.sum(jnp.sin(3000.0 * p) ** 2)
+
+
+@pytest.mark.x64_only
+def test_smoothed_covariance_is_the_curvature_on_the_scale_of_the_errors():
+    a = np.array([[400.0, 120.0], [120.0, 100.0]])
+    expected = np.linalg.inv(a)
+    point = _Point(jnp.asarray(0.3), jnp.asarray(-0.2))
+    objective = el.Objective(_RoughQuadratic(0.02))
+    names = ("a", "b")
+
+    def failed(model):
+        return el.solve.FitResult(
+            model=model,
+            value=objective(model),
+            term_values=objective(model)[None],
+            chi2=jnp.zeros(()),
+            num_steps=jnp.zeros((), int),
+            result=el.solve.RESULTS.covariance_failed,
+            covariance=jnp.full((2, 2), jnp.nan),
+            names=names,
+            n_data=0,
+            n_linear=0,
+            solver="bfgs",
+        )
+
+    out = el.solve.with_smoothed_covariance(failed(point), objective, lambda _: True)
+    assert out.success
+    assert "1-sigma steps" in out.message()
+    # the premise: autodiff sees the ripple (0.02 * 2 * 3000^2 = 360,000 on the diagonal)
+    hess = jax.hessian(lambda p: objective(_Point(p[0], p[1])))(jnp.array([0.3, -0.2]))
+    assert float(jnp.min(jnp.diagonal(hess))) > 300 * 400
+    # the ripple averaged over 1-sigma steps: within 10% of the quadratic's covariance
+    np.testing.assert_allclose(np.asarray(out.covariance), expected, rtol=0.1)
+    # without the ripple, the curvature of a quadratic is exact whatever the step
+    smooth = el.Objective(_RoughQuadratic(0.0))
+    exact = el.solve.with_smoothed_covariance(failed(point), smooth, lambda _: True, step=3.0)
+    np.testing.assert_allclose(np.asarray(exact.covariance), expected, rtol=1e-8)
+    # one parameter, the other held: the conditional variance 1 / A_aa, NaN for b
+    held = el.solve.with_smoothed_covariance(failed(point), smooth, _Point(True, False))
+    cov = np.asarray(held.covariance)
+    assert cov[0, 0] == pytest.approx(1 / 400.0, rel=1e-8)
+    assert np.isnan(cov[1, 1]) and "b held" in held.message()
+    # a result whose covariance did not fail is left as it is; a bad step is refused
+    done = exact
+    assert el.solve.with_smoothed_covariance(done, smooth, lambda _: True) is done
+    with pytest.raises(ValueError, match="step"):
+        el.solve.with_smoothed_covariance(failed(point), smooth, lambda _: True, step=0.0)

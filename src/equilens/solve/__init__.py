@@ -11,6 +11,7 @@ from ._fit import (
     pick as pick,
     sample_starts as sample_starts,
     with_conditional_covariance as with_conditional_covariance,
+    with_smoothed_covariance as with_smoothed_covariance,
 )
 from ._io import (
     load as load,

@@ -25,7 +25,7 @@ from ..source import (
     PixelizedSource,
 )
 from ..terms import GaussianLikelihood, LogEvidence, PositionsTerm, PositionsThreshold
-from ._fit import SolverLike, fit, with_conditional_covariance
+from ._fit import SolverLike, fit, with_conditional_covariance, with_smoothed_covariance
 from ._plausible import SIZE_FIELDS, has_field
 from ._result import FitResult
 from ._search import _source_at, arc_placement, first_mass, lens_search_space, search
@@ -292,10 +292,13 @@ def fit_pixelized(
     source, which a pixelized source can fit nearly as well. Each stage's record then
     holds its `positions_penalty` (zero while the guard is not touched).
 
-    The errors are those of the Laplace approximation over every fitted parameter; when
-    that Hessian is singular (a hyperparameter the evidence leaves unconstrained), the
-    mass errors with the hyperparameters held (`with_conditional_covariance`, said in
-    the result's `notes`).
+    The errors are those of the Laplace approximation over every fitted parameter. The
+    evidence is smooth only piecewise in the mass (traced pixels cross the mesh's cells),
+    so when its autodiff Hessian is not positive definite, the curvature comes from its
+    values over 1-sigma steps (`with_smoothed_covariance`); when that is singular too (a
+    hyperparameter the evidence leaves unconstrained), the mass errors with the
+    hyperparameters held (`with_smoothed_covariance`, then `with_conditional_covariance`,
+    over the mass alone). The result's `notes` say which.
 
     Returns the `FitResult` of the last kept stage (solved source and amplitudes filled
     in), its `Inversion` (the source's 1-sigma errors included), and one record per stage
@@ -346,10 +349,15 @@ def fit_pixelized(
             throw=False,
             progress=progress,
         )
-        # a regularization hyperparameter the evidence does not constrain (e.g. the inner
-        # coefficient of an AdaptiveBrightness whose signal is nowhere 1) leaves the
-        # Hessian singular: the mass errors are then given with the hyperparameters held
+        # the evidence is rough on scales below the errors (traced pixels cross the mesh's
+        # cells), so its autodiff Hessian can be indefinite at a minimum: the curvature of
+        # its values over 1-sigma steps instead; a regularization hyperparameter the
+        # evidence does not constrain (e.g. the inner coefficient of an AdaptiveBrightness
+        # whose signal is nowhere 1) leaves even that singular: the mass errors are then
+        # given with the hyperparameters held
+        r = with_smoothed_covariance(r, objective, free)
         mass = jax.tree.map(operator.and_, free, select(start, lambda s: s.mass))
+        r = with_smoothed_covariance(r, objective, mass)
         return with_conditional_covariance(r, objective, mass)
 
     if fit_strength:
