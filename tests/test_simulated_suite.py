@@ -14,8 +14,6 @@ import pathlib
 import numpy as np
 import pytest
 
-pytest.importorskip("lenstronomy")
-
 pytestmark = [pytest.mark.slow, pytest.mark.crosscheck, pytest.mark.x64_only]
 
 SUITE = pathlib.Path(__file__).parents[1] / "validation" / "simulated_suite.py"
@@ -30,6 +28,9 @@ def _suite():
 
 
 def test_suite_lens_recovers_the_einstein_radius_from_the_cli(tmp_path):
+    # inside the test, so that sessions without lenstronomy deselect it (it is slow)
+    # instead of reporting the module skipped
+    pytest.importorskip("lenstronomy")
     suite = _suite()
     rng = np.random.default_rng(2026)  # the script's default seed: the same 20 lenses
     lenses = [suite.draw_lens(rng) for _ in range(suite.N_LENSES)]
