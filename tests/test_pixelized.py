@@ -340,6 +340,7 @@ def test_asymmetric_psf_matches_numpy(route):
     assert rel_err(inv.values, s_ref) < 1e-8
 
 
+@pytest.mark.slow  # dense and sparse Hessians (50 s)
 @pytest.mark.x64_only
 def test_sparse_route_forward_mode_and_hessian_match_the_dense_route(dataset):
     system = _system(_mesh("rect", dataset), _reg("constant"))
@@ -1412,6 +1413,7 @@ def test_kept_triangulation_owns_its_nodes():
     )
 
 
+@pytest.mark.slow  # 40 s
 @pytest.mark.x64_only
 def test_conditional_covariance_when_a_hyperparameter_is_unconstrained(dataset):
     # a zero adapt image: every source pixel's signal is 0, so AdaptiveBrightness weights

@@ -44,6 +44,7 @@ def _start(theta_E=0.8):
     )
 
 
+@pytest.mark.slow  # a whole search (80 s)
 @pytest.mark.x64_only
 def test_search_finds_the_minimum_a_local_fit_misses(objective):
     """From this start Levenberg-Marquardt lands in the ellipticity-shear trap (e1 of the
@@ -91,6 +92,7 @@ def test_lens_search_space_covers_mass_shear_and_source():
         lens_search_space(no_te)
 
 
+@pytest.mark.slow  # searches with and without the placement (80 s)
 def test_arc_placement_puts_the_source_where_the_mass_maps_the_arcs(objective):
     """The arcs of the fixture lens (source at (0.05, 0)) ray-shot through the true mass
     put the source within 0.015" of its centre (its half-light radius is 0.12"); the
