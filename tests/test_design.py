@@ -91,3 +91,15 @@ def test_no_super_calls_or_hasattr_in_library():
 def test_modules_are_equinox_modules():
     for cls in CLASSES:
         assert issubclass(cls, eqx.Module)
+
+
+def test_numba_code_lives_only_in_the_numba_subpackage():
+    import pathlib
+
+    src = pathlib.Path(el.__file__).parent
+    for path in src.rglob("*.py"):
+        if path.parent.name == "numba" and path.parent.parent == src:
+            continue
+        text = path.read_text()
+        for needle in ("njit", "numba.jit", "@jit", "prange"):
+            assert needle not in text, f"{needle} in {path} (Numba code belongs in equilens/numba)"

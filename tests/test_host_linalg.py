@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from equilens.source._host_linalg import host_cholesky_solve
+from equilens.numba._host_linalg import host_cholesky_solve
 from helpers import rel_err
 
 X64 = jax.config.read("jax_enable_x64")
@@ -74,8 +74,8 @@ def test_not_positive_definite_gives_nan_and_a_zero_cotangent(bad):
 def test_lapack_threads_are_capped_and_never_raised(monkeypatch, cap):
     import threadpoolctl
 
-    from equilens.source import _host_linalg
-    from equilens.source._sparse import _kernels
+    from equilens.numba import _host_linalg
+    from equilens.numba._runtime import _kernels
 
     seen = []
     real = _host_linalg._lapack()
@@ -126,7 +126,7 @@ def _envelope_spd(n: int, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("nb", [1, 7, 16, 64, 200])
 def test_envelope_cholesky_is_the_dense_factor(nb):
-    from equilens.source._sparse import _kernels
+    from equilens.numba._runtime import _kernels
 
     kernels = _kernels()
     a = _envelope_spd(150, seed=nb)
@@ -163,7 +163,7 @@ def _banded_with_wide_rows(n: int, seed: int) -> np.ndarray:
 def test_envelope_cholesky_solves_early_starting_rows_in_levels(nb):
     # the few rows that start far left of their block are solved apart, in levels, so
     # that the block's other rows keep their own window: still the dense factor
-    from equilens.source._sparse import _kernels
+    from equilens.numba._runtime import _kernels
 
     kernels = _kernels()
     n = 500
@@ -188,7 +188,7 @@ def test_envelope_cholesky_solves_early_starting_rows_in_levels(nb):
 def test_envelope_solve_matches_numpy(split):
     # x = a^-1 b from the envelope factor, reading only the factor's envelope in the
     # upper triangle (NaN below it)
-    from equilens.source._host_linalg import _envelope_solve, _factor
+    from equilens.numba._host_linalg import _envelope_solve, _factor
 
     n = 500
     a = _banded_with_wide_rows(n, seed=1)
@@ -213,8 +213,8 @@ def test_unscaled_solve_with_the_forward_half_in_the_factorisation(case):
     # block row by block row inside the factorisation (in the levels, the shared windows
     # and the diagonal blocks; on one dense block when the envelope is too wide), then
     # U x = y: x and log det as NumPy's
-    from equilens.source import _sparse_kernels as kernels
-    from equilens.source._host_linalg import _factor, _solve_factored
+    from equilens.numba import _sparse_kernels as kernels
+    from equilens.numba._host_linalg import _factor, _solve_factored
 
     n = 500
     split = 420 if case == "split" else None
@@ -249,7 +249,7 @@ def test_unscaled_solve_with_the_forward_half_in_the_factorisation(case):
 
 @pytest.mark.parametrize("nb", [4, 64])
 def test_envelope_cholesky_reports_where_positive_definiteness_fails(nb):
-    from equilens.source._sparse import _kernels
+    from equilens.numba._runtime import _kernels
 
     a = _envelope_spd(40, seed=3)
     a[25, 25] = 1e-3  # the leading 26 x 26 block is no longer positive definite
@@ -263,7 +263,7 @@ def test_envelope_inverse_is_the_inverse_on_the_envelope(nb, split):
     # the selected inverse from the envelope factor: exact on the envelope (every entry a
     # structure's derivative can need) and finite elsewhere in the upper triangle, with
     # the linear-light rows (dense, after `split`) in blocks of their own
-    from equilens.source._sparse import _kernels
+    from equilens.numba._runtime import _kernels
 
     kernels = _kernels()
     n = 150

@@ -392,7 +392,7 @@ def test_sparse_route_gradient_matches_the_dense_route_in_every_parameter(
     # the sparse route solves in one host call (curvature, regularization and linear
     # light assembled there): its reverse-mode rule against JAX's derivative of the dense
     # route, in the mass, the regularization and the linear lens light's shape
-    from equilens.source import _host_linalg
+    from equilens.numba import _host_linalg
 
     needed = []
     real = _host_linalg._system_bwd_host
@@ -492,7 +492,7 @@ def test_sparse_symmetric_checks_its_entries():
     with pytest.raises((ValueError, TypeError), match=r"one shape|nnz"):
         el.source.SparseSymmetric(np.arange(3), np.arange(2), np.ones(3), 3)
     # an entry outside the matrix is an error on the host, not a write out of bounds
-    from equilens.source._host_linalg import _check_pattern
+    from equilens.numba._host_linalg import _check_pattern
 
     with pytest.raises(ValueError, match="outside"):
         _check_pattern(np.array([0, 3]), np.array([1, 1]), 3)
@@ -525,7 +525,7 @@ def test_sparse_route_inverts_all_of_the_system_only_for_a_moving_pattern(
     # bump's (a zero entry at far corners, outside the envelope) only from the whole
     # inverse: a false fixed_sparsity claim misses it, as documented
     # (test_host_system_gradient_outside_the_envelope)
-    from equilens.source import _host_linalg
+    from equilens.numba import _host_linalg
 
     seen = []
     real = _host_linalg._inverse
@@ -980,7 +980,7 @@ def test_sparse_forward_kernel_matches_a_dense_construction(k):
     # mapped to mask pixels (out(r) = sum_q kernel(r - q + h) in(q)), M the interpolation
     # (entries outside the mesh dropped, repeated pixels summed), for each number of
     # weights per pixel (the four- and three-weight passes and the general one)
-    from equilens.source._sparse import _kernels
+    from equilens.numba._runtime import _kernels
 
     n_s, arrays, (kernel, pixels, mapped) = _random_tile_inputs(k=k, geometry=True)
     idx, w, values, inv_sigma = arrays[:4]
@@ -1003,7 +1003,7 @@ def test_sparse_forward_kernel_matches_a_dense_construction(k):
 @pytest.mark.precision_independent
 @pytest.mark.parametrize("cap", [None, 1])
 def test_sparse_kernels_give_the_same_sums_in_any_number_of_chunks(monkeypatch, cap):
-    from equilens.source._sparse import _kernels
+    from equilens.numba._runtime import _kernels
 
     kernels = _kernels()
     n_s, arrays = _random_tile_inputs()
@@ -1037,7 +1037,7 @@ def test_sparse_kernels_give_the_same_sums_in_any_number_of_chunks(monkeypatch, 
 def test_sparse_kernels_compile_once_for_writable_and_read_only_inputs():
     # JAX hands the host read-only views of its buffers, NumPy arrays are writable: the
     # parallel kernels take every input read-only, so both reuse one compilation
-    from equilens.source._sparse import _kernels
+    from equilens.numba._runtime import _kernels
 
     kernels = _kernels()
     n_s, arrays = _random_tile_inputs()
@@ -1063,8 +1063,9 @@ def test_host_system_envelope_is_narrower_than_the_tiles_structure():
     # pixels of a 4x4 tile share its structure. The host solve factors F + H on F's own
     # envelope widened by a dense H's non-zeros (here the neighbours in pixel order,
     # outside F's envelope): it must give the dense solution and log det
-    from equilens.source._host_linalg import sparse_system_solve
-    from equilens.source._sparse import _kernels, sparse_tables, table_arrays
+    from equilens.numba._host_linalg import sparse_system_solve
+    from equilens.numba._runtime import _kernels
+    from equilens.source._sparse import sparse_tables, table_arrays
 
     rng = np.random.default_rng(11)
     n = 144
@@ -1105,7 +1106,7 @@ def test_sparse_reverse_pass_from_kept_blocks_matches_rebuilding_them(n_threads)
     # the forward kernel may keep its tile blocks for the reverse pass: the same F, E and
     # structure, and the backward kernel gives the same cotangents from them as from
     # blocks it builds again
-    from equilens.source._sparse import _kernels
+    from equilens.numba._runtime import _kernels
 
     kernels = _kernels()
     n_s, arrays = _random_tile_inputs()
@@ -1149,8 +1150,9 @@ def test_host_system_gradient_outside_the_envelope(monkeypatch, kind):
     # agrees on a derivative that stays inside (the strength). Given by its entries
     # (SparseSymmetric), the corner is in the pattern: the envelope holds it although its
     # value is zero, and the selected inverse is exact there too
-    from equilens.source import _host_linalg
-    from equilens.source._sparse import _kernels, sparse_gram, sparse_tables
+    from equilens.numba import _host_linalg
+    from equilens.numba._runtime import _kernels
+    from equilens.source._sparse import sparse_gram, sparse_tables
 
     monkeypatch.setattr(_kernels(), "ENVELOPE_BLOCK", 8)
     rng = np.random.default_rng(3)
@@ -1224,7 +1226,7 @@ def test_host_system_cotangents_of_every_operand():
     # light columns, the linear light's Gram matrix and right-hand side and the
     # regularization, for x, log det a and the misfit t^T t - x^T b each weighted,
     # against JAX's derivative of the same system solved densely
-    from equilens.source import _host_linalg
+    from equilens.numba import _host_linalg
     from equilens.source._sparse import SparseTables, sparse_gram
 
     n_s, arrays = _random_tile_inputs(m=3)
@@ -1278,7 +1280,7 @@ def test_factor_store_is_only_a_shortcut(dataset, monkeypatch):
     # the sparse route's reverse pass takes the forward call's factor from the host store;
     # without it (dropped, or taken by an earlier pass of the same call) it recomputes it:
     # the same gradient either way, and a second pullback of one forward call still right
-    from equilens.source import _host_linalg
+    from equilens.numba import _host_linalg
 
     system = _system(_mesh("rect", dataset), _reg("constant"), lens_light=True)
     params, static = eqx.partition(system, eqx.is_inexact_array)
@@ -1303,7 +1305,7 @@ def test_factor_store_is_only_a_shortcut(dataset, monkeypatch):
 
 @pytest.mark.precision_independent
 def test_factor_store_keeps_the_newest_within_its_memory():
-    from equilens.source._host_linalg import _FactorStore
+    from equilens.numba._host_linalg import _FactorStore
 
     store = _FactorStore(max_bytes=3 * 800)
     factors = [np.full((10, 10), float(i)) for i in range(5)]
@@ -1327,7 +1329,7 @@ def test_sparse_kernels_run_with_single_threaded_blas(dataset, monkeypatch):
     # BLAS's own threads inside Numba's parallel loops oversubscribe the cores
     import threadpoolctl
 
-    from equilens.source._sparse import _kernels
+    from equilens.numba._runtime import _kernels
 
     kernels = _kernels()
     seen = {}

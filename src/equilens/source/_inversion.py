@@ -29,7 +29,6 @@ from jaxtyping import Array, Bool, Float, Int, Scalar
 from .._grid import Grid
 from ..psf import FFTConvolution
 from ._geometry import AbstractGeometry
-from ._host_linalg import host_cholesky_solve
 
 # Accelerated projected-gradient iterations of the positive-only solve.
 _NONNEG_ITERATIONS = 500
@@ -208,6 +207,8 @@ def _cholesky(
     by LAPACK on the host CPU); returns `x`, the upper factor (None with `host`) and
     `log det a` (NaN when `a` is not positive definite)."""
     if host:
+        from ..numba._host_linalg import host_cholesky_solve
+
         x, logdet = host_cholesky_solve(a, b)
         return x, None, logdet
     op = lx.MatrixLinearOperator(a, lx.positive_semidefinite_tag)
@@ -229,8 +230,12 @@ def solve_system(
     accelerated projected-gradient solve finds the active set, then the free entries are
     re-solved exactly (so the solution is differentiable on its active set). The log det
     is always that of the full `a`. With `host`, the factorisations run on the host CPU
-    (LAPACK; reverse mode only, the factor not differentiated: see `_host_linalg`)."""
+    (LAPACK; reverse mode only, the factor not differentiated: see
+    `equilens.numba._host_linalg`)."""
     if host and nonnegative is None:  # (the host solve scales `a` itself)
+        # (imported here and above: `equilens.numba._host_linalg` imports this package)
+        from ..numba._host_linalg import host_cholesky_solve
+
         x, logdet = host_cholesky_solve(a, b)
         return Solution(x=x, log_det_curvature=logdet, factor=None, scale=jnp.ones_like(b))
     a_s, b_s, scale = _jacobi(a, b)

@@ -21,11 +21,6 @@ Tiles are split into one chunk per Numba thread, each chunk with its own accumul
 single-threaded inside the kernels (threadpoolctl), the threads being Numba's.
 """
 
-import contextlib
-import functools
-import os
-import threading
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -33,19 +28,11 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from .._callback import host_callback
+from ..numba._runtime import host64, run_kernel
 
 #: Tile side (pixels) of the sparse route; 8 measured fastest on one CPU core for 21x21
 #: PSFs (benchmarks/bench_pixelized.py).
 TILE = 8
-
-
-def numba_available() -> bool:
-    """Whether Numba can be imported (the "sparse" route needs it)."""
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class SparseTables(eqx.Module):
@@ -130,82 +117,6 @@ def sparse_tables(
         psf_columns=jnp.asarray(psf),
         psf_span=jnp.asarray(span.astype(np.int64)),
     )
-
-
-@functools.cache
-def _kernels():
-    """The Numba kernels module (compiled on first use, cached on disk)."""
-    from . import _sparse_kernels
-
-    return _sparse_kernels
-
-
-# Numba's default threading layer must not be entered from two threads at once (JAX may
-# run two callbacks concurrently): kernel calls are serialised.
-_LOCK = threading.Lock()
-
-
-@functools.cache
-def _blas_threads():
-    """A controller of the BLAS libraries' thread pools (threadpoolctl), made once after
-    the kernels (and so SciPy's BLAS) are loaded."""
-    from threadpoolctl import ThreadpoolController
-
-    _kernels()
-    return ThreadpoolController()
-
-
-#: At most this many BLAS threads in the host solve's LAPACK calls: all 16 cores of a
-#: 16-core Xeon made the log-evidence 1.7x slower next to Numba's kernels, 4 or 8 were the
-#: fastest (docs/performance.md).
-LAPACK_THREADS = 8
-
-
-# BLAS's thread count is process-wide: limits are set and restored one at a time (two
-# overlapping limits restored out of order would leave BLAS at the inner one's count).
-_BLAS_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def blas_threads(most: int):
-    """Holds BLAS to at most `most` threads (and never to more than it has now, which
-    `OPENBLAS_NUM_THREADS` or threadpoolctl may have lowered) inside the block."""
-    with _BLAS_LOCK:
-        controller = _blas_threads()
-        now = max(
-            (lib["num_threads"] for lib in controller.info() if lib["user_api"] == "blas"),
-            default=1,
-        )
-        with controller.limit(limits=max(1, min(most, now)), user_api="blas"):
-            yield
-
-
-def _threads() -> int:
-    """Numba's thread count, at most the cores this process may run on."""
-    import numba
-
-    n = int(numba.get_num_threads())
-    affinity = getattr(os, "sched_getaffinity", None)
-    if affinity is not None:
-        n = min(n, len(affinity(0)))
-    return max(n, 1)
-
-
-def host64(*arrays) -> list[np.ndarray]:
-    """The kernels' operands: integer arrays as int64, floating ones as float64."""
-    return [
-        np.asarray(x, np.int64 if np.issubdtype(x.dtype, np.integer) else np.float64)
-        for x in arrays
-    ]
-
-
-def run_kernel(name: str, *args, **kwargs):
-    """`kernel(n_threads, *args, **kwargs)` of `_sparse_kernels`, one call at a time, with BLAS
-    single-threaded: the kernels call BLAS on small blocks from each of Numba's threads,
-    and BLAS's own threads would oversubscribe the cores (measured 2-4x slower at 2 to 16
-    threads)."""
-    with _LOCK, blas_threads(1):
-        return getattr(_kernels(), name)(_threads(), *args, **kwargs)
 
 
 def table_arrays(tables: SparseTables) -> tuple:

@@ -9,9 +9,10 @@ from jaxtyping import Array, Float, Int, Scalar
 from .._autodiff import reverse_mode_scalar
 from .._lens_system import LensSystem
 from ..data import Imaging
+from ..numba._host_linalg import sparse_system_solve
+from ..numba._runtime import numba_available
 from ..psf import FFTConvolution
 from ..source._geometry import SparseSymmetric
-from ..source._host_linalg import sparse_system_solve
 from ..source._inversion import (
     Inversion,
     Solution,
@@ -25,7 +26,7 @@ from ..source._inversion import (
     w_tilde_table,
 )
 from ..source._pixelized import PixelizedSource, regularization_matrix
-from ..source._sparse import SparseTables, numba_available, sparse_gram, sparse_tables
+from ..source._sparse import SparseTables, sparse_gram, sparse_tables
 from ._imaging import AbstractImagingTerm, _used_pixels
 
 ROUTES = ("auto", "dense", "w_tilde", "sparse")

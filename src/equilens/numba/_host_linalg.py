@@ -10,7 +10,7 @@ reverse-mode rule keeps the upper Cholesky factor `U` of `S a S` and forms
 `a^-1 = S (S a S)^-1 S` from it (LAPACK `potri`): `bbar = a^-1 xbar`,
 `abar = lbar a^-1 - bbar x^T`. A matrix that is not positive definite gives NaN `x` and log
 det, and a zero cotangent (callers mask the NaN evidence). LAPACK runs on at most
-`LAPACK_THREADS` BLAS threads (`equilens.source._sparse`).
+`LAPACK_THREADS` BLAS threads (`equilens.numba._runtime`).
 
 `sparse_system_solve` does the same for the sparse route's whole system (curvature matrix
 from the tile kernels, regularization, linear light) in one host call, without the scaling
@@ -34,15 +34,9 @@ import numpy as np
 from jaxtyping import Array, Float, Int, Scalar
 
 from .._callback import host_callback
-from ._geometry import SparseSymmetric
-from ._sparse import (
-    LAPACK_THREADS,
-    SparseTables,
-    blas_threads,
-    host64,
-    run_kernel,
-    table_arrays,
-)
+from ..source._geometry import SparseSymmetric
+from ..source._sparse import SparseTables, table_arrays
+from ._runtime import LAPACK_THREADS, blas_threads, host64, run_kernel
 
 
 @functools.cache

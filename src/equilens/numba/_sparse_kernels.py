@@ -1,5 +1,5 @@
 """Numba kernels of the tiled "sparse" curvature route (see `equilens.source._sparse`) and
-of its host Cholesky solve (`equilens.source._host_linalg`).
+of its host Cholesky solve (`equilens.numba._host_linalg`).
 
 Imported only when that route runs (the first call compiles them, or loads them from
 Numba's cache). The kernels are private and marked `no_type_check` (the test suite's

@@ -1,0 +1,244 @@
+"""The Numba backend's entry points and its registry of kernels, keyed by final class.
+
+Nothing here imports Numba: the kernels are compiled (or loaded from Numba's disk cache)
+on the first call that needs them (`_load`).
+"""
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+from jaxtyping import ArrayLike, Float
+
+from ..light import AbstractLightProfile, AbstractLinearLightProfile
+from ..mass import AbstractMassProfile
+
+#: What a mass kernel computes: the rows of its output.
+DEFLECTION, POTENTIAL, HESSIAN = 0, 1, 2
+_ROWS = {DEFLECTION: 2, POTENTIAL: 1, HESSIAN: 3}
+
+#: `fn(profile, x, y, what) -> out` with `x`, `y` flat float64 and `out` of shape
+#: `(rows, x.size)`: deflection `(alpha_x, alpha_y)`, potential `(psi,)` or Hessian
+#: `(psi_xx, psi_xy, psi_yy)`.
+MassKernel = Callable[[Any, np.ndarray, np.ndarray, int], np.ndarray]
+#: `fn(profile, x, y) -> out` with `out` of shape `(n_basis, x.size)` (a linear profile's
+#: basis images) or `(x.size,)` (a light profile's intensity).
+LightKernel = Callable[[Any, np.ndarray, np.ndarray], np.ndarray]
+
+_MASS: dict[type, MassKernel] = {}
+_BASIS: dict[type, LightKernel] = {}
+_INTENSITY: dict[type, LightKernel] = {}
+
+
+def register_mass(cls: type) -> Callable[[MassKernel], MassKernel]:
+    """Registers the Numba kernel of the mass profile class `cls` (that class only, not its
+    subclasses): `fn(profile, x, y, what)` as `MassKernel` describes."""
+
+    def decorate(fn: MassKernel) -> MassKernel:
+        _MASS[cls] = fn
+        return fn
+
+    return decorate
+
+
+def register_basis(cls: type) -> Callable[[LightKernel], LightKernel]:
+    """Registers the basis-image kernel of the linear light profile class `cls`; its
+    intensity is then `amp . basis`."""
+
+    def decorate(fn: LightKernel) -> LightKernel:
+        _BASIS[cls] = fn
+        return fn
+
+    return decorate
+
+
+def register_intensity(cls: type) -> Callable[[LightKernel], LightKernel]:
+    """Registers the intensity kernel of the (non-linear) light profile class `cls`."""
+
+    def decorate(fn: LightKernel) -> LightKernel:
+        _INTENSITY[cls] = fn
+        return fn
+
+    return decorate
+
+
+@functools.cache
+def _load() -> None:
+    from . import _profiles  # noqa: F401  (registers the kernels)
+
+
+def supported(cls: type) -> bool:
+    """Whether the Numba backend has kernels for instances of exactly the class `cls`."""
+    _load()
+    return cls in _MASS or cls in _BASIS or cls in _INTENSITY
+
+
+def _not_implemented(obj: Any) -> NotImplementedError:
+    return NotImplementedError(
+        f"the Numba backend has no kernel for {type(obj).__name__} "
+        f"({type(obj).__module__}); register one with equilens.numba.register_mass, "
+        "register_basis or register_intensity"
+    )
+
+
+def scalar(module: Any, name: str) -> float:
+    """The field `name` of `module` as a Python float; a ValueError unless it is a scalar."""
+    value = getattr(module, name)
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(
+            f"{type(module).__name__}.{name} is a JAX tracer: the Numba backend runs on "
+            "concrete NumPy values, outside jit/grad/vmap"
+        )
+    arr = np.asarray(value)
+    if arr.shape != ():
+        raise ValueError(
+            f"{type(module).__name__}.{name} must be a scalar, got shape {arr.shape} "
+            "(a batch of profiles is a MassBatch)"
+        )
+    return float(arr)
+
+
+def vector(module: Any, name: str) -> np.ndarray:
+    """The field `name` of `module` as a contiguous float64 vector."""
+    return _writable(np.asarray(getattr(module, name), np.float64).reshape(-1))
+
+
+def _writable(a: np.ndarray) -> np.ndarray:
+    # Numba compiles a separate specialisation for read-only arrays (NumPy views of JAX
+    # arrays are read-only): the kernels always get writable C-contiguous float64 ones
+    if a.flags.writeable and a.flags.c_contiguous:
+        return a
+    return np.array(a, order="C")
+
+
+def _flat(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    shape = np.broadcast_shapes(x.shape, y.shape)
+    if x.shape != shape or y.shape != shape:
+        x, y = np.broadcast_to(x, shape).copy(), np.broadcast_to(y, shape).copy()
+    return _writable(x.reshape(-1)), _writable(y.reshape(-1)), shape
+
+
+def mass_rows(profile: AbstractMassProfile, x: np.ndarray, y: np.ndarray, what: int) -> np.ndarray:
+    """`(rows, x.size)` of `profile` at flat float64 `x`, `y` (sums and batches summed)."""
+    _load()
+    kernel = _MASS.get(type(profile))
+    if kernel is None:
+        raise _not_implemented(profile)
+    return kernel(profile, x, y, what)
+
+
+def batch_members(batch: Any) -> list[Any]:
+    """The profiles of a `MassBatch`, one per index of its leading axis."""
+    leaves = [leaf for leaf in jax.tree.leaves(batch.profiles) if eqx.is_array(leaf)]
+    n = int(np.shape(leaves[0])[0]) if leaves else 0
+    return [jax.tree.map(lambda a, i=i: a[i], batch.profiles) for i in range(n)]
+
+
+def light_basis(light: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """`(n_basis, x.size)` basis images of a linear light profile at flat `x`, `y`."""
+    _load()
+    kernel = _BASIS.get(type(light))
+    if kernel is None:
+        raise _not_implemented(light)
+    return kernel(light, x, y)
+
+
+def light_intensity(light: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """`(x.size,)` surface brightness of any light profile at flat `x`, `y`."""
+    _load()
+    kernel = _INTENSITY.get(type(light))
+    if kernel is not None:
+        return kernel(light, x, y)
+    if type(light) in _BASIS:
+        amp = vector(light, "amp")
+        b = _BASIS[type(light)](light, x, y)
+        return amp[0] * b[0] if b.shape[0] == 1 else amp @ b
+    raise _not_implemented(light)
+
+
+# --------------------------------------------------------------------------------------
+# public entry points (same signatures and tuple layouts as the JAX methods)
+# --------------------------------------------------------------------------------------
+
+
+def deflection(
+    profile: AbstractMassProfile, x: Float[ArrayLike, "*grid"], y: Float[ArrayLike, "*grid"]
+) -> tuple[Float[np.ndarray, "*grid"], Float[np.ndarray, "*grid"]]:
+    """Deflection `(alpha_x, alpha_y)` in arcsec at `(x, y)` (arcsec), as
+    `profile.deflection(x, y)`, computed by the Numba kernels (float64 NumPy arrays)."""
+    xf, yf, shape = _flat(x, y)
+    out = mass_rows(profile, xf, yf, DEFLECTION)
+    return out[0].reshape(shape), out[1].reshape(shape)
+
+
+def potential(
+    profile: AbstractMassProfile, x: Float[ArrayLike, "*grid"], y: Float[ArrayLike, "*grid"]
+) -> Float[np.ndarray, "*grid"]:
+    """Lensing potential `psi` in arcsec^2, as `profile.potential(x, y)`."""
+    xf, yf, shape = _flat(x, y)
+    return mass_rows(profile, xf, yf, POTENTIAL)[0].reshape(shape)
+
+
+def hessian(
+    profile: AbstractMassProfile, x: Float[ArrayLike, "*grid"], y: Float[ArrayLike, "*grid"]
+) -> tuple[
+    Float[np.ndarray, "*grid"],
+    Float[np.ndarray, "*grid"],
+    Float[np.ndarray, "*grid"],
+    Float[np.ndarray, "*grid"],
+]:
+    """`(psi_xx, psi_xy, psi_yx, psi_yy)`, as `profile.hessian(x, y)` (analytic here;
+    0 at the exact centre of a cusp, where it is infinite)."""
+    xf, yf, shape = _flat(x, y)
+    out = mass_rows(profile, xf, yf, HESSIAN)
+    f_xy = out[1].reshape(shape)
+    return out[0].reshape(shape), f_xy, f_xy.copy(), out[2].reshape(shape)
+
+
+def convergence(
+    profile: AbstractMassProfile, x: Float[ArrayLike, "*grid"], y: Float[ArrayLike, "*grid"]
+) -> Float[np.ndarray, "*grid"]:
+    """Convergence `kappa = (psi_xx + psi_yy) / 2`, as `profile.convergence(x, y)`."""
+    xf, yf, shape = _flat(x, y)
+    out = mass_rows(profile, xf, yf, HESSIAN)
+    return (0.5 * (out[0] + out[2])).reshape(shape)
+
+
+def ray_shoot(
+    profile: AbstractMassProfile, x: Float[ArrayLike, "*grid"], y: Float[ArrayLike, "*grid"]
+) -> tuple[Float[np.ndarray, "*grid"], Float[np.ndarray, "*grid"]]:
+    """Source-plane position `beta = theta - alpha(theta)`, as `profile.ray_shoot(x, y)`."""
+    xf, yf, shape = _flat(x, y)
+    out = mass_rows(profile, xf, yf, DEFLECTION)
+    return (xf - out[0]).reshape(shape), (yf - out[1]).reshape(shape)
+
+
+def magnification(
+    profile: AbstractMassProfile, x: Float[ArrayLike, "*grid"], y: Float[ArrayLike, "*grid"]
+) -> Float[np.ndarray, "*grid"]:
+    """Signed magnification `1 / det A`, as `profile.magnification(x, y)`."""
+    xf, yf, shape = _flat(x, y)
+    f_xx, f_xy, f_yy = mass_rows(profile, xf, yf, HESSIAN)
+    with np.errstate(divide="ignore"):
+        return (1 / ((1 - f_xx) * (1 - f_yy) - f_xy * f_xy)).reshape(shape)
+
+
+def intensity(
+    light: AbstractLightProfile, x: Float[ArrayLike, "*grid"], y: Float[ArrayLike, "*grid"]
+) -> Float[np.ndarray, "*grid"]:
+    """Surface brightness per arcsec^2 at `(x, y)`, as `light.intensity(x, y)`."""
+    xf, yf, shape = _flat(x, y)
+    return light_intensity(light, xf, yf).reshape(shape)
+
+
+def basis(
+    light: AbstractLinearLightProfile, x: Float[ArrayLike, "*grid"], y: Float[ArrayLike, "*grid"]
+) -> Float[np.ndarray, "n_basis *grid"]:
+    """The basis images of a linear light profile, as `light.basis(x, y)`."""
+    xf, yf, shape = _flat(x, y)
+    b = light_basis(light, xf, yf)
+    return b.reshape((b.shape[0], *shape))

@@ -1,0 +1,142 @@
+"""Model images with the Numba backend: ray shooting, light, binning and PSF convolution."""
+
+import functools
+
+import numpy as np
+import scipy.fft
+from jaxtyping import ArrayLike, Float
+
+from .._grid import Grid
+from .._lens_system import LensSystem
+from ..psf import AbstractPSF, FFTConvolution
+from ..psf._psf import fft_padded_shape
+from ._api import DEFLECTION, _flat, light_intensity, mass_rows
+
+#: `method="auto"` convolves by direct summation up to this many kernel pixels (7 x 7),
+#: by FFT above (benchmarks/bench_numba.py: on 100 x 100 images the FFT wins from about
+#: 9 x 9 on one or two threads).
+DIRECT_MAX_PIXELS = 49
+
+
+def coordinates(grid: Grid, supersampled: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """`(x, y)` of the (sub-)pixel centres of `grid` as float64 NumPy arrays (the same
+    values as `grid.coordinates`)."""
+    factor = grid.supersampling if supersampled else 1
+    ny, nx = grid.shape
+    jx = (np.arange(nx * factor, dtype=np.float64) + 0.5) / factor - 0.5
+    iy = (np.arange(ny * factor, dtype=np.float64) + 0.5) / factor - 0.5
+    xs = (jx - (nx - 1) / 2) * grid.pixel_scale + grid.origin[0]
+    ys = (iy - (ny - 1) / 2) * grid.pixel_scale + grid.origin[1]
+    y, x = np.meshgrid(ys, xs, indexing="ij")
+    return x, y
+
+
+def surface_brightness(
+    system: LensSystem, x: Float[ArrayLike, "*grid"], y: Float[ArrayLike, "*grid"]
+) -> Float[np.ndarray, "*grid"]:
+    """Unconvolved surface brightness per arcsec^2 at image positions `(x, y)`, as
+    `system.surface_brightness(x, y)`."""
+    xf, yf, shape = _flat(x, y)
+    alpha = mass_rows(system.mass, xf, yf, DEFLECTION)
+    out = light_intensity(system.source, xf - alpha[0], yf - alpha[1])
+    if system.lens_light is not None:
+        out = out + light_intensity(system.lens_light, xf, yf)
+    return out.reshape(shape)
+
+
+def _kernels():
+    from . import _image_kernels
+
+    return _image_kernels
+
+
+def bin_image(grid: Grid, sub: np.ndarray) -> np.ndarray:
+    """Averages a supersampled `(ny s, nx s)` array to the grid's `(ny, nx)`."""
+    s = grid.supersampling
+    ny, nx = grid.shape
+    if sub.shape != (ny * s, nx * s):
+        raise ValueError(f"bin expects an array of shape {(ny * s, nx * s)}, got {sub.shape}")
+    return sub if s == 1 else _kernels().bin_mean(np.ascontiguousarray(sub), s)
+
+
+@functools.lru_cache(maxsize=16)
+def _kernel_ft(kernel_bytes: bytes, kshape: tuple[int, int], fft_shape: tuple[int, int]):
+    kernel = np.frombuffer(kernel_bytes, np.float64).reshape(kshape)
+    return scipy.fft.rfft2(kernel, s=fft_shape)
+
+
+def _threads() -> int:
+    from ._runtime import _threads
+
+    return _threads()
+
+
+def convolve(
+    image: Float[ArrayLike, "ny nx"], kernel: Float[ArrayLike, "ky kx"], method: str = "auto"
+) -> Float[np.ndarray, "ny nx"]:
+    """'Same'-size linear convolution of `image` with an odd-sized `kernel`, zero outside
+    the image (as `AbstractPSF.convolve`): `method` "fft" (`scipy.fft` with Numba's thread
+    count as workers, on the exact padded shape of `fft_padded_shape`), "direct" (a Numba
+    kernel, rows in parallel) or "auto" (direct up to `DIRECT_MAX_PIXELS` kernel pixels)."""
+    img = np.ascontiguousarray(image, np.float64)
+    k = np.ascontiguousarray(kernel, np.float64)
+    if k.ndim != 2 or k.shape[0] % 2 == 0 or k.shape[1] % 2 == 0:
+        raise ValueError(f"PSF kernel must be 2-d with odd side lengths, got shape {k.shape}")
+    if method not in ("auto", "fft", "direct"):
+        raise ValueError(f"convolution method must be 'auto', 'fft' or 'direct', got {method!r}")
+    if method == "direct" or (method == "auto" and k.size <= DIRECT_MAX_PIXELS):
+        from ._runtime import _LOCK
+
+        with _LOCK:
+            return _kernels().convolve_same(img, k)
+    ny, nx = img.shape
+    fft_shape = fft_padded_shape((ny, nx), (k.shape[0], k.shape[1]))
+    kft = _kernel_ft(k.tobytes(), k.shape, fft_shape)
+    workers = _threads()
+    full = scipy.fft.irfft2(
+        scipy.fft.rfft2(img, s=fft_shape, workers=workers) * kft, s=fft_shape, workers=workers
+    )
+    oy, ox = k.shape[0] // 2, k.shape[1] // 2
+    return np.ascontiguousarray(full[oy : oy + ny, ox : ox + nx])
+
+
+def _psf_kernel(psf: AbstractPSF | FFTConvolution) -> np.ndarray:
+    if isinstance(psf, FFTConvolution):
+        # the kernel back from its transform (exact to round-off: the FFT shape holds it)
+        full = np.fft.irfft2(np.asarray(psf.kernel_ft), s=psf.fft_shape)
+        return np.ascontiguousarray(full[: psf.kernel_shape[0], : psf.kernel_shape[1]])
+    return np.asarray(psf.kernel(), np.float64)
+
+
+def image(
+    system: LensSystem,
+    grid: Grid,
+    psf: AbstractPSF | FFTConvolution | None = None,
+    method: str = "auto",
+) -> Float[np.ndarray, "ny nx"]:
+    """Model image (flux per pixel) on `grid`, optionally convolved with `psf`: the same
+    numbers as `system.image(grid, psf)` (same rules for the PSF's supersampling), from
+    the Numba kernels and `scipy.fft`. `method` chooses the convolution (see `convolve`)."""
+    x, y = coordinates(grid, supersampled=True)
+    flux = surface_brightness(system, x, y) * grid.pixel_area
+    if psf is None:
+        return bin_image(grid, flux)
+    s = grid.supersampling
+    sub_shape = (grid.shape[0] * s, grid.shape[1] * s)
+    if isinstance(psf, AbstractPSF):
+        if psf.supersampling == s and s > 1:
+            return bin_image(grid, convolve(flux, _psf_kernel(psf), method))
+        if psf.supersampling != 1:
+            raise ValueError(
+                f"PSF supersampling {psf.supersampling} must be 1 or equal the grid's "
+                f"supersampling {s}"
+            )
+    else:
+        if psf.image_shape == sub_shape and s > 1:
+            return bin_image(grid, convolve(flux, _psf_kernel(psf), method))
+        if psf.image_shape != grid.shape:
+            raise ValueError(
+                f"FFTConvolution prepared for shape {psf.image_shape}, but the grid has shape "
+                f"{grid.shape} (supersampled {sub_shape})"
+            )
+    return convolve(bin_image(grid, flux), _psf_kernel(psf), method)

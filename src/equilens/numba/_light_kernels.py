@@ -1,0 +1,80 @@
+"""Numba kernels of the light profiles: basis images per pixel (see `equilens.light`).
+
+Each kernel fills `out[k, i]`, the `k`-th basis function (surface brightness per unit
+amplitude) at pixel `i`, with `prange` over the pixels and no fastmath. Private; marked
+`no_type_check` (see `_mass_kernels`).
+"""
+
+import math
+from typing import no_type_check
+
+import numba
+import numpy as np
+
+from ._mass_kernels import elliptical_radius_sq
+
+_PARALLEL = {"cache": True, "nogil": True, "parallel": True}
+_R_MIN = 1e-4  # as `equilens.light._sersic._R_MIN`
+
+
+@numba.njit(**_PARALLEL)
+@no_type_check
+def gaussians(x, y, out, sigma, e1, e2, cx, cy):
+    """Elliptical Gaussians of total flux 1 and widths `sigma` (shared centre and shape)."""
+    for i in numba.prange(x.size):
+        r2 = elliptical_radius_sq(x[i] - cx, y[i] - cy, e1, e2)
+        for k in range(sigma.size):
+            s2 = sigma[k] * sigma[k]
+            out[k, i] = math.exp(-r2 / (2 * s2)) / (2 * math.pi * s2)
+
+
+@numba.njit(**_PARALLEL)
+@no_type_check
+def sersic(x, y, out, R_sersic, n_sersic, e1, e2, cx, cy):
+    b_n = max(1.9992 * n_sersic - 0.3271, 1e-5)
+    k = 1 / (2 * n_sersic)
+    log_rs2 = 2 * math.log(R_sersic)
+    for i in numba.prange(x.size):
+        r2 = max(elliptical_radius_sq(x[i] - cx, y[i] - cy, e1, e2), _R_MIN * _R_MIN)
+        ratio = math.exp(k * (math.log(r2) - log_rs2))
+        out[0, i] = math.exp(-b_n * (ratio - 1))
+
+
+@numba.njit(**_PARALLEL)
+@no_type_check
+def core_sersic(x, y, out, R_sersic, Rb, n_sersic, gamma, e1, e2, cx, cy, alpha):
+    b_n = max(1.9992 * n_sersic - 0.3271, 1e-5)
+    log_rb, log_re = math.log(Rb), math.log(R_sersic)
+    a, n = alpha, n_sersic
+    rb_a = math.exp(a * log_rb)
+    re_a = math.exp(a * log_re)
+    for i in numba.prange(x.size):
+        r2 = elliptical_radius_sq(x[i] - cx, y[i] - cy, e1, e2)
+        log_r = 0.5 * math.log(max(r2, _R_MIN * _R_MIN))
+        r_a = math.exp(a * log_r)
+        core = math.exp(gamma / a * math.log1p(math.exp(a * (log_rb - log_r))))
+        outer = math.exp(math.log((r_a + rb_a) / re_a) / (a * n))
+        out[0, i] = core * math.exp(-b_n * (outer - 1))
+
+
+@numba.njit(**_PARALLEL)
+@no_type_check
+def shapelets(x, y, out, n_max, beta, cx, cy, n1, n2):
+    """Cartesian shapelets `phi_n1(x/beta) phi_n2(y/beta)` in the order of `(n1, n2)`."""
+    norm = math.pi**-0.25
+    for i in numba.prange(x.size):
+        u = (x[i] - cx) / beta
+        v = (y[i] - cy) / beta
+        hx = np.empty(n_max + 1)
+        hy = np.empty(n_max + 1)
+        hx[0] = norm * math.exp(-0.5 * u * u)
+        hy[0] = norm * math.exp(-0.5 * v * v)
+        if n_max >= 1:
+            hx[1] = math.sqrt(2.0) * u * hx[0]
+            hy[1] = math.sqrt(2.0) * v * hy[0]
+        for n in range(1, n_max):
+            a, b = math.sqrt(2.0 / (n + 1)), math.sqrt(n / (n + 1))
+            hx[n + 1] = a * u * hx[n] - b * hx[n - 1]
+            hy[n + 1] = a * v * hy[n] - b * hy[n - 1]
+        for k in range(n1.size):
+            out[k, i] = hx[n1[k]] * hy[n2[k]]

@@ -1,0 +1,117 @@
+"""The registered kernels of every final mass and light profile (imported on first use)."""
+
+import numpy as np
+
+from .. import light as lt, mass as ms
+from ..light._shapelets import shapelet_indices
+from ..mass._nfw import _CSE_A, _CSE_S
+from . import _light_kernels as lk, _mass_kernels as mk
+from ._api import (
+    _ROWS,
+    batch_members,
+    light_intensity,
+    mass_rows,
+    register_basis,
+    register_intensity,
+    register_mass,
+    scalar,
+    vector,
+)
+from ._runtime import _LOCK
+
+
+def _run(kernel, x, y, rows: int, *params) -> np.ndarray:
+    out = np.empty((rows, x.size))
+    # Numba's default threading layer must not be entered from two threads at once
+    with _LOCK:
+        kernel(x, y, out, *params)
+    return out
+
+
+def _mass(cls, kernel, *names):
+    def fn(profile, x, y, what):
+        params = [scalar(profile, n) for n in names]
+        return _run(kernel, x, y, _ROWS[what], *params, what)
+
+    register_mass(cls)(fn)
+
+
+_mass(ms.SIS, mk.sis, "theta_E", "center_x", "center_y")
+_mass(ms.SIE, mk.sie, "theta_E", "e1", "e2", "center_x", "center_y")
+_mass(ms.EPL, mk.epl, "theta_E", "gamma", "e1", "e2", "center_x", "center_y")
+_mass(ms.NFW, mk.nfw, "Rs", "alpha_Rs", "center_x", "center_y")
+_mass(ms.PointMass, mk.point_mass, "theta_E", "center_x", "center_y")
+_mass(ms.ExternalShear, mk.shear, "gamma1", "gamma2", "ra_0", "dec_0")
+_mass(ms.ConvergenceSheet, mk.sheet, "kappa", "ra_0", "dec_0")
+
+_CSE = (np.asarray(_CSE_S, np.float64), np.asarray(_CSE_A, np.float64))
+
+
+@register_mass(ms.EllipticalNFW)
+def _elliptical_nfw(profile, x, y, what):
+    names = ("Rs", "alpha_Rs", "e1", "e2", "center_x", "center_y")
+    params = [scalar(profile, n) for n in names]
+    return _run(mk.elliptical_nfw, x, y, _ROWS[what], *params, *_CSE, what)
+
+
+@register_mass(ms.Multipole)
+def _multipole(profile, x, y, what):
+    params = [scalar(profile, n) for n in ("a_m", "phi_m", "center_x", "center_y", "r_E")]
+    return _run(mk.multipole, x, y, _ROWS[what], int(profile.m), *params, what)
+
+
+@register_mass(ms.MassSum)
+def _mass_sum(profile, x, y, what):
+    return sum(mass_rows(c, x, y, what) for c in profile.components)
+
+
+@register_mass(ms.MassBatch)
+def _mass_batch(profile, x, y, what):
+    members = batch_members(profile)
+    if not members:
+        return np.zeros((_ROWS[what], x.size))
+    return sum(mass_rows(p, x, y, what) for p in members)
+
+
+@register_basis(lt.Gaussian)
+def _gaussian(light, x, y):
+    sigma = np.array([scalar(light, "sigma")])
+    params = [scalar(light, n) for n in ("e1", "e2", "center_x", "center_y")]
+    return _run(lk.gaussians, x, y, 1, sigma, *params)
+
+
+@register_basis(lt.MGE)
+def _mge(light, x, y):
+    sigma = vector(light, "sigma")
+    params = [scalar(light, n) for n in ("e1", "e2", "center_x", "center_y")]
+    return _run(lk.gaussians, x, y, sigma.size, sigma, *params)
+
+
+@register_basis(lt.Sersic)
+def _sersic(light, x, y):
+    names = ("R_sersic", "n_sersic", "e1", "e2", "center_x", "center_y")
+    return _run(lk.sersic, x, y, 1, *[scalar(light, n) for n in names])
+
+
+@register_basis(lt.CoreSersic)
+def _core_sersic(light, x, y):
+    names = ("R_sersic", "Rb", "n_sersic", "gamma", "e1", "e2", "center_x", "center_y", "alpha")
+    return _run(lk.core_sersic, x, y, 1, *[scalar(light, n) for n in names])
+
+
+@register_basis(lt.Shapelets)
+def _shapelets(light, x, y):
+    idx = np.asarray(shapelet_indices(light.n_max), np.int64).reshape(-1, 2)
+    n1, n2 = np.ascontiguousarray(idx[:, 0]), np.ascontiguousarray(idx[:, 1])
+    params = [scalar(light, n) for n in ("beta", "center_x", "center_y")]
+    return _run(lk.shapelets, x, y, len(idx), int(light.n_max), *params, n1, n2)
+
+
+@register_intensity(lt.LightSum)
+def _light_sum(light, x, y):
+    return sum(light_intensity(c, x, y) for c in light.components)
+
+
+@register_intensity(lt.FixedLight)
+def _fixed_light(light, x, y):
+    return light_intensity(light.profile, x, y)

@@ -1,0 +1,267 @@
+"""The Numba backend against the JAX one: every profile, every quantity, random parameters.
+
+The backends share no code (the kernels are written out again for Numba, with analytic
+Hessians where JAX differentiates), so agreement to 1e-10 checks both. float64 only: the
+Numba backend always computes in float64.
+"""
+
+import concurrent.futures
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numba
+import numpy as np
+import pytest
+
+import equilens as el
+import equilens.numba as enb
+from equilens import light, mass
+from helpers import example_light_profiles, example_mass_profiles, sample_points
+
+pytestmark = pytest.mark.x64_only
+
+MASS = example_mass_profiles()
+LIGHT = example_light_profiles()
+TOL = 1e-10
+
+
+def _finals(root: type) -> list[type]:
+    out, stack = [], [root]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            if not sub.__name__.startswith("Abstract") and sub.__module__.startswith("equilens"):
+                out.append(sub)
+            stack.append(sub)
+    return out
+
+
+def _randomised(profile, seed: int):
+    """`profile` with every floating parameter scaled by a random factor in [0.7, 1.3]
+    (seed 0: unchanged), which keeps each inside its bounds for the registry's examples.
+    (Seed 0 goes the same way, so that every draw has the same dtypes: one compilation.)"""
+    rng = np.random.default_rng(seed)
+
+    def scale(a):
+        factor = rng.uniform(0.7, 1.3, np.shape(a)) if seed else np.ones(np.shape(a))
+        return a * factor.astype(a.dtype)
+
+    arrays, static = eqx.partition(profile, eqx.is_inexact_array)
+    return eqx.combine(jax.tree.map(scale, arrays), static)
+
+
+def _close(got, want, tol=TOL):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape
+    scale = max(float(np.max(np.abs(want))), 1e-300)
+    err = float(np.max(np.abs(got - want))) / scale
+    assert err < tol, f"relative error {err:.2e}"
+
+
+def test_every_final_mass_and_parametric_light_profile_has_a_numba_kernel():
+    # (the pixelized source, equilens.source, comes with the Numba evidence)
+    missing = [
+        cls.__name__
+        for root in (mass.AbstractMassProfile, light.AbstractLightProfile)
+        for cls in _finals(root)
+        if not enb.supported(cls) and not cls.__module__.startswith("equilens.source")
+    ]
+    assert missing == []
+
+
+MASS_METHODS = ["deflection", "potential", "hessian", "convergence", "ray_shoot", "magnification"]
+
+
+@eqx.filter_jit
+def _all_methods(p, x, y, methods=tuple(MASS_METHODS)):
+    # one compilation per class, shared by its random draws (eager JAX took ~8 s a test)
+    return {m: getattr(p, m)(x, y) for m in methods}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", sorted(MASS))
+def test_mass_profiles_match_jax(name, seed):
+    p = _randomised(MASS[name], seed)
+    x, y = sample_points(300, seed=10 + seed)
+    xn, yn = np.asarray(x), np.asarray(y)
+    jax_values = _all_methods(p, x, y)
+    for method in MASS_METHODS:
+        want = jax_values[method]
+        got = getattr(enb, method)(p, xn, yn)
+        want = want if isinstance(want, tuple) else (want,)
+        got = got if isinstance(got, tuple) else (got,)
+        assert len(got) == len(want), method
+        for g, w in zip(got, want, strict=True):
+            assert isinstance(g, np.ndarray) and g.dtype == np.float64
+            _close(g, w)
+
+
+@pytest.mark.parametrize("name", ["SIE", "EPL", "EllipticalNFW"])
+@pytest.mark.parametrize("e1", [0.0, 1e-10, 1e-6])
+def test_elliptical_profiles_match_jax_at_and_near_round(name, e1):
+    p = eqx.tree_at(lambda p: (p.e1, p.e2), MASS[name], (jnp.asarray(e1), jnp.asarray(0.0)))
+    x, y = sample_points(100, seed=5)
+    jax_values = _all_methods(p, x, y, ("deflection", "potential", "hessian"))
+    for method in ("deflection", "potential", "hessian"):
+        want = jax_values[method]
+        got = getattr(enb, method)(p, np.asarray(x), np.asarray(y))
+        for g, w in zip(
+            got if isinstance(got, tuple) else (got,),
+            want if isinstance(want, tuple) else (want,),
+            strict=True,
+        ):
+            _close(g, w)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", sorted(LIGHT))
+def test_light_profiles_match_jax(name, seed):
+    p = _randomised(LIGHT[name], seed)
+    x, y = sample_points(300, seed=20 + seed)
+    _close(enb.intensity(p, np.asarray(x), np.asarray(y)), p.intensity(x, y))
+    if isinstance(p, light.AbstractLinearLightProfile):
+        _close(enb.basis(p, np.asarray(x), np.asarray(y)), p.basis(x, y))
+
+
+def test_grids_keep_their_shape_and_broadcast():
+    p = MASS["MassSum"]
+    x, y = sample_points(60, seed=3)
+    xg, yg = np.asarray(x).reshape(6, 10), np.asarray(y).reshape(6, 10)
+    ax, ay = enb.deflection(p, xg, yg)
+    assert ax.shape == ay.shape == (6, 10)
+    _close(ax, p.deflection(x, y)[0].reshape(6, 10))
+    # a scalar y broadcasts against the grid of x
+    psi = enb.potential(p, xg, 0.3)
+    _close(psi, p.potential(x, jax.numpy.full_like(x, 0.3)).reshape(6, 10))
+
+
+def test_one_and_two_threads_give_identical_results():
+    p, source = MASS["EPL"], LIGHT["MGE"]
+    x, y = sample_points(4000, seed=7)
+    xn, yn = np.asarray(x), np.asarray(y)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = (*enb.deflection(p, xn, yn), enb.intensity(source, xn, yn))
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        two = (*enb.deflection(p, xn, yn), enb.intensity(source, xn, yn))
+    finally:
+        numba.set_num_threads(before)
+    for a, b in zip(one, two, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_calls_from_several_threads_give_the_serial_results():
+    profiles = [MASS[n] for n in ("SIE", "EPL", "NFW", "MassSum")]
+    x, y = (np.asarray(a) for a in sample_points(2000, seed=8))
+    serial = [enb.deflection(p, x, y) for p in profiles]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        threaded = list(pool.map(lambda p: enb.deflection(p, x, y), profiles * 3))
+    for i, got in enumerate(threaded):
+        for a, b in zip(got, serial[i % len(profiles)], strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_class_without_a_kernel_is_named():
+    class Custom(mass.AbstractMassProfile):
+        def deflection(self, x, y):
+            return x, y
+
+        def potential(self, x, y):
+            return x * y
+
+    with pytest.raises(NotImplementedError, match="Custom"):
+        enb.deflection(Custom(), np.zeros(3), np.zeros(3))
+
+    # a subclass of a registered class does not inherit its kernel (it may change the physics)
+    class MySIS(mass.SIS):
+        pass
+
+    assert not enb.supported(MySIS)
+    with pytest.raises(NotImplementedError, match="MySIS"):
+        enb.potential(MySIS(theta_E=1.0), np.zeros(3), np.zeros(3))
+
+
+def test_registered_kernels_are_used_for_new_classes():
+    class Twice(mass.AbstractMassProfile):
+        inner: mass.SIS
+
+        def deflection(self, x, y):
+            ax, ay = self.inner.deflection(x, y)
+            return 2 * ax, 2 * ay
+
+        def potential(self, x, y):
+            return 2 * self.inner.potential(x, y)
+
+    from equilens.numba._api import _MASS, mass_rows
+
+    enb.register_mass(Twice)(lambda p, x, y, what: 2 * mass_rows(p.inner, x, y, what))
+    try:
+        p = Twice(mass.SIS(theta_E=0.8, center_x=0.1))
+        x, y = sample_points(50, seed=9)
+        _close(enb.deflection(p, np.asarray(x), np.asarray(y))[0], p.deflection(x, y)[0])
+    finally:
+        del _MASS[Twice]
+
+
+def test_non_scalar_parameters_and_tracers_are_refused():
+    bad = mass.SIE(theta_E=np.ones(3))
+    with pytest.raises(ValueError, match=r"SIE\.theta_E must be a scalar"):
+        enb.deflection(bad, np.zeros(3), np.zeros(3))
+    with pytest.raises(TypeError, match="tracer"):
+        jax.jit(lambda t: enb.potential(mass.SIS(theta_E=t), np.zeros(2), np.zeros(2)))(1.0)
+
+
+def _system():
+    return el.LensSystem(
+        mass=MASS["MassSum"],
+        source=light.Sersic(amp=20.0, R_sersic=0.15, n_sersic=1.5, e1=0.1, center_x=0.05),
+        lens_light=LIGHT["MGE"] + light.Sersic(amp=3.0, R_sersic=0.8, n_sersic=4.0),
+    )
+
+
+@pytest.mark.parametrize("method", ["fft", "direct"])
+@pytest.mark.parametrize(
+    "case", ["none", "psf_binned", "psf_supersampled", "fft_operator", "gaussian"]
+)
+def test_images_match_jax(case, method):
+    system = _system()
+    grid = el.Grid((24, 30), 0.08, origin=(0.03, -0.02), supersampling=2)
+    kernel = np.asarray(el.GaussianPSF(0.15, 0.08).kernel())
+    psf = {
+        "none": None,
+        "psf_binned": el.PixelPSF(kernel),
+        "psf_supersampled": el.PixelPSF(np.asarray(el.GaussianPSF(0.15, 0.04).kernel()), 2),
+        "fft_operator": el.PixelPSF(kernel).fft_operator(grid.shape),
+        "gaussian": el.GaussianPSF(0.2, 0.08),
+    }[case]
+    want = eqx.filter_jit(lambda s, g, p: s.image(g, p))(system, grid, psf)
+    got = enb.image(system, grid, psf, method=method)
+    assert got.shape == grid.shape
+    _close(got, want)
+
+
+def test_convolution_routes_agree_and_keep_zero_padding():
+    rng = np.random.default_rng(3)
+    image = rng.normal(size=(17, 23))
+    kernel = rng.uniform(size=(5, 7))
+    fft = enb.convolve(image, kernel, method="fft")
+    direct = enb.convolve(image, kernel, method="direct")
+    _close(direct, fft, 1e-12)
+    # an independent reference: scipy's direct 'same' convolution (zero padded)
+    import scipy.signal
+
+    _close(direct, scipy.signal.convolve2d(image, kernel, mode="same"), 1e-12)
+
+
+def test_image_and_convolution_errors_are_those_of_jax():
+    system, grid = _system(), el.Grid((10, 10), 0.1, supersampling=2)
+    with pytest.raises(ValueError, match="odd side lengths"):
+        enb.convolve(np.ones((5, 5)), np.ones((4, 3)))
+    with pytest.raises(ValueError, match="method"):
+        enb.convolve(np.ones((5, 5)), np.ones((3, 3)), method="spectral")
+    psf3 = el.PixelPSF(np.ones((3, 3)), supersampling=3)
+    with pytest.raises(ValueError, match="supersampling 3 must be 1 or equal"):
+        enb.image(system, grid, psf3)
+    with pytest.raises(ValueError, match="FFTConvolution prepared for shape"):
+        enb.image(system, grid, el.PixelPSF(np.ones((3, 3))).fft_operator((12, 12)))
