@@ -120,5 +120,6 @@ def bench(session: nox.Session) -> None:
         "benchmarks/bench_forward.py",
         "benchmarks/bench_fit.py",
         "benchmarks/bench_pixelized.py",
+        "benchmarks/bench_numba.py",
     ):
         session.run("python", script, *session.posargs)

@@ -265,3 +265,16 @@ def test_image_and_convolution_errors_are_those_of_jax():
         enb.image(system, grid, psf3)
     with pytest.raises(ValueError, match="FFTConvolution prepared for shape"):
         enb.image(system, grid, el.PixelPSF(np.ones((3, 3))).fft_operator((12, 12)))
+
+
+def test_the_documented_snippet_gives_the_jax_image():
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "numba.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]
+    ns: dict = {}
+    exec(compile(code, "<docs/numba.md>", "exec"), ns)
+    want = eqx.filter_jit(lambda s, g, p: s.image(g, p))(ns["system"], ns["grid"], ns["psf"])
+    _close(ns["image"], want)
+    _close(ns["kappa"], ns["system"].mass.convergence(ns["grid"].x, ns["grid"].y))

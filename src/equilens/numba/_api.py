@@ -86,13 +86,13 @@ def _not_implemented(obj: Any) -> NotImplementedError:
 
 def scalar(module: Any, name: str) -> float:
     """The field `name` of `module` as a Python float; a ValueError unless it is a scalar."""
-    value = getattr(module, name)
-    if isinstance(value, jax.core.Tracer):
+    try:
+        arr = np.asarray(getattr(module, name))
+    except jax.errors.TracerArrayConversionError:
         raise TypeError(
             f"{type(module).__name__}.{name} is a JAX tracer: the Numba backend runs on "
             "concrete NumPy values, outside jit/grad/vmap"
-        )
-    arr = np.asarray(value)
+        ) from None
     if arr.shape != ():
         raise ValueError(
             f"{type(module).__name__}.{name} must be a scalar, got shape {arr.shape} "

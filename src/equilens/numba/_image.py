@@ -16,6 +16,9 @@ from ._api import DEFLECTION, _flat, light_intensity, mass_rows
 #: by FFT above (benchmarks/bench_numba.py: on 100 x 100 images the FFT wins from about
 #: 9 x 9 on one or two threads).
 DIRECT_MAX_PIXELS = 49
+#: `scipy.fft` runs with Numba's thread count as workers from this many padded pixels
+#: (1024 x 1024), with one worker below.
+FFT_THREADS_MIN_PIXELS = 1 << 20
 
 
 def coordinates(grid: Grid, supersampled: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -62,7 +65,7 @@ def bin_image(grid: Grid, sub: np.ndarray) -> np.ndarray:
 @functools.lru_cache(maxsize=16)
 def _kernel_ft(kernel_bytes: bytes, kshape: tuple[int, int], fft_shape: tuple[int, int]):
     kernel = np.frombuffer(kernel_bytes, np.float64).reshape(kshape)
-    return scipy.fft.rfft2(kernel, s=fft_shape)
+    return np.asarray(scipy.fft.rfft2(kernel, s=fft_shape))
 
 
 def _threads() -> int:
@@ -75,8 +78,9 @@ def convolve(
     image: Float[ArrayLike, "ny nx"], kernel: Float[ArrayLike, "ky kx"], method: str = "auto"
 ) -> Float[np.ndarray, "ny nx"]:
     """'Same'-size linear convolution of `image` with an odd-sized `kernel`, zero outside
-    the image (as `AbstractPSF.convolve`): `method` "fft" (`scipy.fft` with Numba's thread
-    count as workers, on the exact padded shape of `fft_padded_shape`), "direct" (a Numba
+    the image (as `AbstractPSF.convolve`): `method` "fft" (`scipy.fft` on the exact padded
+    shape of `fft_padded_shape`, with Numba's thread count as workers from
+    `FFT_THREADS_MIN_PIXELS`), "direct" (a Numba
     kernel, rows in parallel) or "auto" (direct up to `DIRECT_MAX_PIXELS` kernel pixels)."""
     img = np.ascontiguousarray(image, np.float64)
     k = np.ascontiguousarray(kernel, np.float64)
@@ -92,10 +96,11 @@ def convolve(
     ny, nx = img.shape
     fft_shape = fft_padded_shape((ny, nx), (k.shape[0], k.shape[1]))
     kft = _kernel_ft(k.tobytes(), k.shape, fft_shape)
-    workers = _threads()
-    full = scipy.fft.irfft2(
-        scipy.fft.rfft2(img, s=fft_shape, workers=workers) * kft, s=fft_shape, workers=workers
-    )
+    # scipy's threads pay only for large transforms (measured on 2 cores: 2 workers were
+    # slower than 1 for every image up to 840 x 840)
+    workers = _threads() if fft_shape[0] * fft_shape[1] >= FFT_THREADS_MIN_PIXELS else 1
+    spectrum = np.asarray(scipy.fft.rfft2(img, s=fft_shape, workers=workers)) * kft
+    full = np.asarray(scipy.fft.irfft2(spectrum, s=fft_shape, workers=workers))
     oy, ox = k.shape[0] // 2, k.shape[1] // 2
     return np.ascontiguousarray(full[oy : oy + ny, ox : ox + nx])
 

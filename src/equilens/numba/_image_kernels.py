@@ -8,7 +8,7 @@ from typing import no_type_check
 import numba
 import numpy as np
 
-_PARALLEL = {"cache": True, "nogil": True, "parallel": True}
+_PARALLEL = {"cache": True, "nogil": True, "parallel": True, "error_model": "numpy"}
 
 
 @numba.njit(**_PARALLEL)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ._mass_kernels import elliptical_radius_sq
 
-_PARALLEL = {"cache": True, "nogil": True, "parallel": True}
+_PARALLEL = {"cache": True, "nogil": True, "parallel": True, "error_model": "numpy"}
 _R_MIN = 1e-4  # as `equilens.light._sersic._R_MIN`
 
 

@@ -12,7 +12,9 @@ the Hessians are analytic:
   (`alpha / r`) and the convergence: `psi_xx = kappa - (kbar - kappa) cos 2phi`, ...;
 - the elliptical NFW by differentiating each cored steep ellipsoid's deflection.
 
-Compiled on first use and cached on disk (`cache=True`). The kernels are private and
+Compiled on first use and cached on disk (`cache=True`), with NumPy's error model
+(IEEE division: a zero divisor gives inf or NaN, as in JAX, instead of an exception and
+a branch per division). The kernels are private and
 marked `no_type_check` (the test suite's jaxtyping import hook would otherwise wrap them).
 """
 
@@ -22,8 +24,8 @@ from typing import no_type_check
 import numba
 import numpy as np
 
-_OPTIONS = {"cache": True, "nogil": True}
-_PARALLEL = {"cache": True, "nogil": True, "parallel": True}
+_OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
+_PARALLEL = {"cache": True, "nogil": True, "parallel": True, "error_model": "numpy"}
 _EPS = float(np.finfo(np.float64).eps)
 _H = math.sqrt(_EPS)  # the near-round shift of `smooth_in_ellipticity`
 _SERIES_RADIUS = 1e-3
@@ -152,38 +154,45 @@ def sis(x, y, out, theta_E, cx, cy, what):
 
 @numba.njit(**_OPTIONS)
 @no_type_check
-def _sie_polar(dx, dy, theta_E, c, cp, sp):
+def _sie_constants(theta_E, c):
+    # (q, e' = sqrt(1 - q^2), theta_E sqrt(q) / e') of the closed form (c > 0)
     q = (1 - c) / (1 + c)
     e_prime = math.sqrt((1 - q) * (1 + q))
+    return q, e_prime, theta_E * math.sqrt(q) / e_prime
+
+
+@numba.njit(**_OPTIONS)
+@no_type_check
+def _sie_polar(dx, dy, q, e_prime, b_e, cp, sp):
     xp = cp * dx + sp * dy
     yp = -sp * dx + cp * dy
     w2 = q * q * xp * xp + yp * yp
     inv_w = 1 / math.sqrt(w2) if w2 > 0 else 0.0
-    b_e = theta_E * math.sqrt(q) / e_prime
     ax = b_e * math.atan(e_prime * xp * inv_w)
     ay = b_e * atanh_rel(e_prime * yp * inv_w)
     return cp * ax - sp * ay, sp * ax + cp * ay
 
 
-@numba.njit(**_OPTIONS)
-@no_type_check
-def sie_deflection_at(dx, dy, theta_E, e1, e2):
-    c, cp, sp = orientation(e1, e2)
-    if c >= 0.1 * _H:
-        return _sie_polar(dx, dy, theta_E, c, cp, sp)
-    c, cp, sp = orientation(e1 + _H, e2)
-    ax1, ay1 = _sie_polar(dx, dy, theta_E, c, cp, sp)
-    c, cp, sp = orientation(e1 - _H, e2)
-    ax2, ay2 = _sie_polar(dx, dy, theta_E, c, cp, sp)
-    return 0.5 * (ax1 + ax2), 0.5 * (ay1 + ay2)
-
-
 @numba.njit(**_PARALLEL)
 @no_type_check
 def sie(x, y, out, theta_E, e1, e2, cx, cy, what):
+    # Keeton's closed form at c > 0; next to q = 1 the average of e1 +- h (as
+    # `equilens._math.smooth_in_ellipticity`)
+    c, cp, sp = orientation(e1, e2)
+    round_ = c < 0.1 * _H
+    if round_:
+        c, cp, sp = orientation(e1 + _H, e2)
+    q, e_prime, b_e = _sie_constants(theta_E, c)
+    c_m, cp_m, sp_m = c, cp, sp
+    if round_:
+        c_m, cp_m, sp_m = orientation(e1 - _H, e2)
+    q_m, e_prime_m, b_e_m = _sie_constants(theta_E, c_m)
     for i in numba.prange(x.size):
         dx, dy = x[i] - cx, y[i] - cy
-        ax, ay = sie_deflection_at(dx, dy, theta_E, e1, e2)
+        ax, ay = _sie_polar(dx, dy, q, e_prime, b_e, cp, sp)
+        if round_:
+            ax2, ay2 = _sie_polar(dx, dy, q_m, e_prime_m, b_e_m, cp_m, sp_m)
+            ax, ay = 0.5 * (ax + ax2), 0.5 * (ay + ay2)
         if what == 0:
             out[0, i] = ax
             out[1, i] = ay

@@ -1,5 +1,7 @@
 """The registered kernels of every final mass and light profile (imported on first use)."""
 
+import functools
+
 import numpy as np
 
 from .. import light as lt, mass as ms
@@ -62,7 +64,7 @@ def _multipole(profile, x, y, what):
 
 @register_mass(ms.MassSum)
 def _mass_sum(profile, x, y, what):
-    return sum(mass_rows(c, x, y, what) for c in profile.components)
+    return functools.reduce(np.add, [mass_rows(c, x, y, what) for c in profile.components])
 
 
 @register_mass(ms.MassBatch)
@@ -70,7 +72,7 @@ def _mass_batch(profile, x, y, what):
     members = batch_members(profile)
     if not members:
         return np.zeros((_ROWS[what], x.size))
-    return sum(mass_rows(p, x, y, what) for p in members)
+    return functools.reduce(np.add, [mass_rows(p, x, y, what) for p in members])
 
 
 @register_basis(lt.Gaussian)
@@ -109,7 +111,7 @@ def _shapelets(light, x, y):
 
 @register_intensity(lt.LightSum)
 def _light_sum(light, x, y):
-    return sum(light_intensity(c, x, y) for c in light.components)
+    return functools.reduce(np.add, [light_intensity(c, x, y) for c in light.components])
 
 
 @register_intensity(lt.FixedLight)

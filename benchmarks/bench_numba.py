@@ -1,0 +1,118 @@
+"""Numba backend vs JAX backend, through the calls a user writes, in one run.
+
+Model: SIE + external shear, Sersic lens light, Sersic source (as bench_forward.py), 21x21
+pixelated PSF, 0.05" pixels, float64; images of 50x50 to 400x400 pixels.
+
+- JAX: `jax.jit(lambda s: s.image(grid, psf))(system)` (compiled once per shape; the
+  compile time is printed), with the PSF as a `PixelPSF` (the README's call) and as a
+  prepared `FFTConvolution` (what fits use).
+- Numba: `equilens.numba.image(system, grid, psf)` (no compilation per shape), on 1 and 2
+  threads (`numba.set_num_threads`).
+
+Medians of many calls; the machine's load average is printed with them. Ratios > 1 mean
+the Numba backend is faster. Run with `nox -s bench` or
+`python benchmarks/bench_numba.py [--repeats N]`.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+
+import equilens as el  # noqa: E402
+import equilens.numba as enb  # noqa: E402
+from equilens import light, mass  # noqa: E402
+
+SIZES = (50, 100, 200, 400)
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def setup(n: int):
+    system = el.LensSystem(
+        mass=mass.SIE(theta_E=1.2, e1=0.1, e2=-0.05, center_x=0.02, center_y=-0.01)
+        + mass.ExternalShear(gamma1=0.03, gamma2=-0.01),
+        lens_light=light.Sersic(
+            amp=8.0, R_sersic=0.9, n_sersic=3.5, e1=0.05, e2=0.02, center_x=0.02, center_y=-0.01
+        ),
+        source=light.Sersic(
+            amp=20.0, R_sersic=0.15, n_sersic=1.3, e1=0.1, e2=0.1, center_x=0.05, center_y=0.03
+        ),
+    )
+    k = np.asarray(el.GaussianPSF(fwhm=0.12, pixel_scale=0.05).kernel())
+    pad = (21 - k.shape[0]) // 2
+    psf = el.PixelPSF(np.pad(k, pad))
+    return system, el.Grid((n, n), 0.05), psf
+
+
+def bench_size(n: int, repeats: int) -> dict[str, float]:
+    system, grid, psf = setup(n)
+    conv = psf.fft_operator(grid.shape)
+    out = {}
+    jit_psf = jax.jit(lambda s, p: s.image(grid, p))
+    t0 = time.perf_counter()
+    ref = np.asarray(jit_psf(system, psf))
+    out["jax_compile"] = time.perf_counter() - t0
+    out["jax_psf"] = median_time(lambda: jit_psf(system, psf).block_until_ready(), repeats)
+    jit_conv = jax.jit(lambda s, c: s.image(grid, c))
+    jit_conv(system, conv).block_until_ready()
+    out["jax_conv"] = median_time(lambda: jit_conv(system, conv).block_until_ready(), repeats)
+    got = enb.image(system, grid, psf)
+    out["max_rel_diff"] = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, 2):
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+            enb.image(system, grid, psf)
+            out[f"numba_{threads}"] = median_time(lambda: enb.image(system, grid, psf), repeats)
+    finally:
+        numba.set_num_threads(before)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=100)
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    system, grid, psf = setup(20)
+    enb.image(system, grid, psf)  # compiles (or loads from Numba's cache) every kernel used
+    first = time.perf_counter() - t0
+    print(
+        f"Numba vs JAX backend: SIE + shear, 2 Sersics, 21x21 PSF, float64; jax {jax.__version__},"
+        f" numba {numba.__version__}, {os.cpu_count()} CPU cores, "
+        f"load average {os.getloadavg()[0]:.2f}; Numba's first call {first:.1f} s"
+    )
+    print(
+        "  pixels    JAX(PixelPSF)  JAX(FFTConv)  Numba 1 thr  Numba 2 thr  "
+        "2thr/1thr  Numba2/JAX(PSF)  Numba2/JAX(FFT)  JAX compile  max rel diff"
+    )
+    ms = 1e3
+    for n in SIZES:
+        r = bench_size(n, max(10, args.repeats * 100 // n))
+        print(
+            f"  {n:3d}x{n:<3d}  {r['jax_psf'] * ms:11.3f}ms {r['jax_conv'] * ms:11.3f}ms "
+            f"{r['numba_1'] * ms:10.3f}ms {r['numba_2'] * ms:10.3f}ms "
+            f"{r['numba_1'] / r['numba_2']:9.2f}x {r['jax_psf'] / r['numba_2']:14.2f}x "
+            f"{r['jax_conv'] / r['numba_2']:15.2f}x {r['jax_compile']:10.2f}s "
+            f"{r['max_rel_diff']:12.1e}"
+        )
+    print(f"  (load average after the run: {os.getloadavg()[0]:.2f})")
+
+
+if __name__ == "__main__":
+    main()
