@@ -278,3 +278,147 @@ def test_the_documented_snippet_gives_the_jax_image():
     want = eqx.filter_jit(lambda s, g, p: s.image(g, p))(ns["system"], ns["grid"], ns["psf"])
     _close(ns["image"], want)
     _close(ns["kappa"], ns["system"].mass.convergence(ns["grid"].x, ns["grid"].y))
+
+
+# --------------------------------------------------------------------------------------
+# terms and objectives
+# --------------------------------------------------------------------------------------
+
+
+def _dataset(supersampling: int = 2):
+    truth = _system()
+    grid = el.Grid((36, 36), 0.1, supersampling=supersampling)
+    psf = el.GaussianPSF(0.2, 0.1)
+    mask = np.asarray(grid.circular_mask(1.6))
+    imaging = el.simulate(
+        jax.random.key(4), truth, grid, psf, exposure_time=800.0, sky_level=2.0, mask=mask
+    )
+    return truth, imaging
+
+
+def _linear_model(truth):
+    # the truth with a linear MGE lens light of 8 Gaussians (some amplitudes go negative
+    # in an unconstrained solve) and a linear Sersic source
+    return el.LensSystem(
+        mass=truth.mass,
+        source=truth.source,
+        lens_light=light.MGE(amp=jnp.ones(8), sigma=jnp.geomspace(0.02, 3.0, 8), e1=0.2, e2=-0.1),
+    )
+
+
+@pytest.mark.parametrize("nonnegative", [False, True])
+def test_linear_images_and_amplitudes_match_jax(nonnegative):
+    from equilens.terms import solve_amplitudes
+
+    truth, imaging = _dataset()
+    model = _linear_model(truth)
+    images, fixed = enb.linear_images(model, imaging.grid, imaging.convolution)
+    want_images, want_fixed = model.linear_images(imaging.grid, imaging.convolution)
+    _close(images, want_images)
+    assert fixed is None and want_fixed is None
+    amps, image = enb.solve_amplitudes(model, imaging, nonnegative=nonnegative)
+    want_system, want_image = solve_amplitudes(model, imaging, nonnegative=nonnegative)
+    # the amplitudes of a nearly degenerate basis (8 Gaussians) are determined only to
+    # cond(G) eps by any solver: that, not 1e-10, is the agreement to expect of them and of
+    # the image they make (where large amplitudes of opposite sign cancel)
+    used = np.asarray(imaging.mask).reshape(-1)
+    a = (
+        images.reshape(images.shape[0], -1)[:, used]
+        / np.asarray(imaging.noise_map).reshape(-1)[used]
+    )
+    g = a @ a.T
+    d = 1 / np.sqrt(np.diagonal(g))
+    tol = max(TOL, 100 * np.linalg.cond(g * d[:, None] * d[None, :]) * np.finfo(float).eps)
+    assert tol < 1e-8
+    _close(amps, want_system.amplitudes(), tol)
+    _close(image, want_image, tol)
+    if nonnegative:
+        assert np.all(amps >= 0) and np.any(amps == 0)  # the constraint is active
+    else:
+        assert np.any(amps < 0)
+
+
+def _terms(truth, imaging):
+    from equilens.terms import (
+        GaussianPrior,
+        PoissonLikelihood,
+        PositionsTerm,
+        PositionsThreshold,
+        UniformPrior,
+    )
+
+    xs, ys = jnp.array([1.1, -1.0, 0.2]), jnp.array([0.3, -0.5, 1.2])
+    return {
+        "gaussian_linear": el.GaussianLikelihood(imaging),
+        "gaussian_nonnegative": el.GaussianLikelihood(imaging, nonnegative=True),
+        "gaussian_fitted": el.GaussianLikelihood(imaging, linear=False),
+        "poisson": PoissonLikelihood(imaging, exposure_time=800.0, background=0.02),
+        "positions": PositionsTerm(xs, ys, sigma=0.01),
+        "positions_threshold": PositionsThreshold(xs, ys, threshold=0.05, sigma=0.001),
+        "gaussian_prior": GaussianPrior(lambda m: m.mass.components[1].gamma1, 0.01, 0.05),
+        "uniform_prior": UniformPrior(lambda m: m.mass.components[0].theta_E, 0.5, 2.0),
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gaussian_linear",
+        "gaussian_nonnegative",
+        "gaussian_fitted",
+        "poisson",
+        "positions",
+        "positions_threshold",
+        "gaussian_prior",
+        "uniform_prior",
+    ],
+)
+def test_term_values_match_jax(name):
+    truth, imaging = _dataset()
+    term = _terms(truth, imaging)[name]
+    model = _linear_model(truth) if name.startswith("gaussian_") and "prior" not in name else truth
+    want = float(eqx.filter_jit(lambda t, m: t(m))(term, model))
+    got = enb.value(term, model)
+    assert isinstance(got, float)
+    assert got == pytest.approx(want, rel=1e-10, abs=1e-8)
+
+
+def test_objective_value_is_the_weighted_sum_as_in_jax():
+    truth, imaging = _dataset()
+    terms = _terms(truth, imaging)
+    objective = el.Objective(
+        [terms["gaussian_linear"], terms["positions"], terms["gaussian_prior"]],
+        weights=[1.0, 0.5, 2.0],
+    )
+    model = _linear_model(truth)
+    want = eqx.filter_jit(lambda o, m: (o(m), o.values(m)))(objective, model)
+    assert enb.value(objective, model) == pytest.approx(float(want[0]), rel=1e-10)
+    _close(enb.values(objective, model), want[1])
+    # outside a uniform prior: infinite on both backends
+    outside = eqx.tree_at(lambda m: m.mass.components[0].theta_E, truth, jnp.asarray(2.5))
+    assert enb.value(terms["uniform_prior"], outside) == float("inf")
+    assert float(terms["uniform_prior"](outside)) == float("inf")
+
+
+def test_terms_the_numba_backend_cannot_evaluate_say_so():
+    from equilens.terms import AbstractTerm, PositionsTerm
+
+    truth, imaging = _dataset(supersampling=1)
+    with pytest.raises(NotImplementedError, match="plane='source'"):
+        enb.value(
+            PositionsTerm(jnp.array([1.0, -1.0]), jnp.array([0.0, 0.1]), 0.01, plane="image"), truth
+        )
+
+    class MyTerm(AbstractTerm):
+        def __call__(self, model):
+            return jnp.zeros(())
+
+    with pytest.raises(NotImplementedError, match="MyTerm"):
+        enb.value(MyTerm(), truth)
+    pixelized = eqx.tree_at(
+        lambda m: m.source,
+        truth,
+        el.PixelizedSource(el.RectangularMesh((8, 8)), el.ConstantRegularization(1.0)),
+    )
+    with pytest.raises(TypeError, match="LogEvidence"):
+        enb.value(el.GaussianLikelihood(imaging), pixelized)

@@ -2,7 +2,9 @@
 
 `equilens.numba.deflection(profile, x, y)` equals `profile.deflection(x, y)`, and likewise
 `potential`, `hessian`, `convergence`, `ray_shoot`, `magnification`, `intensity`, `basis`
-and `surface_brightness`; `image(system, grid, psf)` equals `system.image(grid, psf)`.
+and `surface_brightness`; `image(system, grid, psf)` equals `system.image(grid, psf)`,
+`linear_images` and `solve_amplitudes` their JAX namesakes, and `value(objective, model)`
+equals `objective(model)` (imaging likelihoods, positions, priors).
 They are computed by compiled kernels that run `numba.prange` over the pixels (PSF
 convolutions by `scipy.fft` with as many workers, or directly for small kernels), from
 NumPy inputs to float64 NumPy outputs. No JAX tracing and no compilation per shape: the
@@ -39,5 +41,12 @@ from ._image import (
     convolve as convolve,
     coordinates as coordinates,
     image as image,
+    linear_images as linear_images,
     surface_brightness as surface_brightness,
+)
+from ._terms import (
+    register_term as register_term,
+    solve_amplitudes as solve_amplitudes,
+    value as value,
+    values as values,
 )

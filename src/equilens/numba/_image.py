@@ -8,6 +8,7 @@ from jaxtyping import ArrayLike, Float
 
 from .._grid import Grid
 from .._lens_system import LensSystem
+from ..light import AbstractLinearLightProfile, LightSum
 from ..psf import AbstractPSF, FFTConvolution
 from ..psf._psf import fft_padded_shape
 from ._api import DEFLECTION, _flat, light_intensity, mass_rows
@@ -145,3 +146,74 @@ def image(
                 f"{grid.shape} (supersampled {sub_shape})"
             )
     return convolve(bin_image(grid, flux), _psf_kernel(psf), method)
+
+
+def _bin_stack(grid: Grid, sub: np.ndarray) -> np.ndarray:
+    return np.stack([bin_image(grid, s) for s in sub]) if grid.supersampling > 1 else sub
+
+
+def _convolve_stack(stack: np.ndarray, kernel: np.ndarray, method: str) -> np.ndarray:
+    return np.stack([convolve(s, kernel, method) for s in stack])
+
+
+def _render(grid: Grid, psf: AbstractPSF | FFTConvolution | None, flux: np.ndarray, method: str):
+    """Bins and convolves a stack `(k, ny s, nx s)` of flux images as `image` does."""
+    if psf is None:
+        return _bin_stack(grid, flux)
+    s = grid.supersampling
+    sub_shape = (grid.shape[0] * s, grid.shape[1] * s)
+    kernel = _psf_kernel(psf)
+    sub_psf = (
+        psf.supersampling == s if isinstance(psf, AbstractPSF) else psf.image_shape == sub_shape
+    )
+    if sub_psf and s > 1:
+        return _bin_stack(grid, _convolve_stack(flux, kernel, method))
+    return _convolve_stack(_bin_stack(grid, flux), kernel, method)
+
+
+def linear_images(
+    system: LensSystem,
+    grid: Grid,
+    psf: AbstractPSF | FFTConvolution | None = None,
+    method: str = "auto",
+) -> tuple[Float[np.ndarray, "n_linear ny nx"], Float[np.ndarray, "ny nx"] | None]:
+    """The model image of each linear light basis function at unit amplitude and the image
+    of the non-linear light (None when every light component is linear), as
+    `system.linear_images(grid, psf)`: `image = sum_k amp_k images[k] + fixed`."""
+    from ._api import light_basis
+
+    profiles = system.linear_profiles()
+    parts = system.linear_components()
+    if not parts:
+        raise ValueError("the lens system has no linear light component")
+    x, y = coordinates(grid, supersampled=True)
+    xf, yf = x.reshape(-1), y.reshape(-1)
+    alpha = mass_rows(system.mass, xf, yf, DEFLECTION)
+    bx, by = xf - alpha[0], yf - alpha[1]
+    rows = [
+        light_basis(p, bx, by) if name == "source" else light_basis(p, xf, yf)
+        for (name, _), p in zip(parts, profiles, strict=True)
+    ]
+    flux = np.concatenate(rows, axis=0).reshape(-1, *x.shape) * grid.pixel_area
+    images = _render(grid, psf, flux, method)
+    others = [
+        (name, comp)
+        for name in ("lens_light", "source")
+        for comp in _components(getattr(system, name))
+        if not isinstance(comp, AbstractLinearLightProfile)
+    ]
+    if not others:
+        return images, None
+    total = np.zeros(xf.size)
+    for name, comp in others:
+        total += (
+            light_intensity(comp, bx, by) if name == "source" else light_intensity(comp, xf, yf)
+        )
+    fixed = _render(grid, psf, (total * grid.pixel_area).reshape(1, *x.shape), method)[0]
+    return images, fixed
+
+
+def _components(profile) -> tuple:
+    if profile is None:
+        return ()
+    return profile.components if isinstance(profile, LightSum) else (profile,)

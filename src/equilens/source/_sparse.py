@@ -28,7 +28,6 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from .._callback import host_callback
-from ..numba._runtime import host64, run_kernel
 
 #: Tile side (pixels) of the sparse route; 8 measured fastest on one CPU core for 21x21
 #: PSFs (benchmarks/bench_pixelized.py).
@@ -136,6 +135,8 @@ def _callback(name: str, shapes, *operands, extra: tuple = ()):
     operands as int64 and floating ones as float64; outputs in the dtype of `shapes`."""
 
     def host(*arrays):
+        from ..numba._runtime import host64, run_kernel
+
         out = run_kernel(name, *extra, *host64(*arrays))
         return tuple(o.astype(s.dtype, copy=False) for o, s in zip(out, shapes, strict=True))
 

@@ -9,8 +9,6 @@ from jaxtyping import Array, Float, Int, Scalar
 from .._autodiff import reverse_mode_scalar
 from .._lens_system import LensSystem
 from ..data import Imaging
-from ..numba._host_linalg import sparse_system_solve
-from ..numba._runtime import numba_available
 from ..psf import FFTConvolution
 from ..source._geometry import SparseSymmetric
 from ..source._inversion import (
@@ -28,6 +26,15 @@ from ..source._inversion import (
 from ..source._pixelized import PixelizedSource, regularization_matrix
 from ..source._sparse import SparseTables, sparse_gram, sparse_tables
 from ._imaging import AbstractImagingTerm, _used_pixels
+
+
+def numba_available() -> bool:
+    """Whether Numba can be imported (the "sparse" route needs it)."""
+    # (imported on use: `equilens.numba` imports the terms)
+    from ..numba._runtime import numba_available as available
+
+    return available()
+
 
 ROUTES = ("auto", "dense", "w_tilde", "sparse")
 # The largest banded W~ table "auto" precomputes (bytes: indices + values).
@@ -241,6 +248,8 @@ class LogEvidence(AbstractImagingTerm):
                 # the curvature matrix and the solve in one host call, which also gives
                 # chi2 + s^T H s as |t|^2 - x^T b (in float64: the evidence then needs
                 # neither the model image nor its convolution)
+                from ..numba._host_linalg import sparse_system_solve
+
                 x, logdet, fit = sparse_system_solve(
                     idx,
                     w,

@@ -1,0 +1,276 @@
+"""Objective terms with the Numba backend: the same numbers as `term(model)` from NumPy.
+
+Each final term class has one function `fn(term, model) -> float` here, registered by
+class (`register_term`); `value(objective, model)` is the weighted sum, as
+`objective(model)`.
+"""
+
+import math
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+import scipy.special
+from jaxtyping import Float, PyTree
+
+from .._lens_system import LensSystem
+from ..data import Imaging
+from ..mass import AbstractMassProfile
+from ..objective import Objective
+from ..source import PixelizedSource
+from ..terms import (
+    AbstractTerm,
+    GaussianLikelihood,
+    GaussianPrior,
+    PoissonLikelihood,
+    PositionsTerm,
+    PositionsThreshold,
+    UniformPrior,
+)
+from ._api import DEFLECTION, HESSIAN, mass_rows
+from ._image import _psf_kernel, image, linear_images
+
+TermFunction = Callable[[Any, Any], float]
+_TERMS: dict[type, TermFunction] = {}
+
+
+def register_term(cls: type) -> Callable[[TermFunction], TermFunction]:
+    """Registers `fn(term, model) -> float`, the Numba-backend value of the term class
+    `cls` (exactly that class)."""
+
+    def decorate(fn: TermFunction) -> TermFunction:
+        _TERMS[cls] = fn
+        return fn
+
+    return decorate
+
+
+def term_value(term: AbstractTerm, model: PyTree[Any]) -> float:
+    """`float(term(model))`, computed by the Numba backend."""
+    fn = _TERMS.get(type(term))
+    if fn is None:
+        raise NotImplementedError(
+            f"the Numba backend has no evaluation of the term {type(term).__name__}; "
+            "register one with equilens.numba.register_term"
+        )
+    return fn(term, model)
+
+
+def values(objective: Objective, model: PyTree[Any]) -> Float[np.ndarray, " n_terms"]:
+    """Each term's (unweighted) value, as `objective.values(model)`."""
+    return np.array([term_value(t, model) for t in objective.terms])
+
+
+def value(objective: Objective | AbstractTerm, model: PyTree[Any]) -> float:
+    """`float(objective(model))` (the negative log posterior up to the evidence, or one
+    term's value), computed by the Numba backend."""
+    if isinstance(objective, AbstractTerm):
+        return term_value(objective, model)
+    weights = np.asarray(objective.weights, np.float64)
+    return float(np.dot(weights, values(objective, model)))
+
+
+# --------------------------------------------------------------------------------------
+# imaging
+# --------------------------------------------------------------------------------------
+
+
+class _HostImaging:
+    """An `Imaging` dataset's arrays as float64 NumPy, made once per dataset object."""
+
+    def __init__(self, imaging: Imaging):
+        self.data = np.asarray(imaging.data, np.float64).reshape(-1)
+        self.noise = np.asarray(imaging.noise_map, np.float64).reshape(-1)
+        self.pixels = np.flatnonzero(np.asarray(imaging.mask))
+        self.inv_noise = 1.0 / self.noise[self.pixels]
+        self.log_noise_sum = float(np.sum(np.log(self.noise[self.pixels])))
+        # the PSF as an FFTConvolution's kernel, recovered once
+        self.kernel = _psf_kernel(imaging.convolution)
+
+
+_HOST: dict[int, tuple[weakref.ref, _HostImaging]] = {}
+
+
+def host_imaging(imaging: Imaging) -> _HostImaging:
+    """The host arrays of `imaging` (cached while `imaging` lives)."""
+    key = id(imaging)
+    entry = _HOST.get(key)
+    if entry is not None and entry[0]() is imaging:
+        return entry[1]
+    host = _HostImaging(imaging)
+    _HOST[key] = (weakref.ref(imaging, lambda _, key=key: _HOST.pop(key, None)), host)
+    return host
+
+
+def _nnls(g: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """The Lawson-Hanson active-set solution of `min 0.5 x^T g x - h^T x, x >= 0` (the
+    algorithm, order and tolerances of `equilens.terms._imaging._nnls`)."""
+    k = h.shape[0]
+    tol = 10 * np.finfo(np.float64).eps * k * (1.0 + np.max(np.abs(h)))
+    max_iter = 3 * k
+    x = np.zeros(k)
+    on = np.zeros(k, dtype=bool)
+    it = 0
+    while it < max_iter and np.any(~on & (h - g @ x > tol)):
+        w = np.where(on, -np.inf, h - g @ x)
+        on[int(np.argmax(w))] = True
+        s = _solve_on(g, h, on)
+        while it < max_iter and np.any(on & (s <= 0)):
+            blocking = on & (s <= 0)
+            denom = np.where(blocking, x - s, 1.0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = np.where(blocking & (denom > 0), x / denom, np.inf)
+            alpha = float(np.clip(np.min(ratio), 0.0, 1.0))
+            x = x + alpha * (s - x)
+            on = on & (x > tol)
+            x = np.where(on, x, 0.0)
+            s = _solve_on(g, h, on)
+            it += 1
+        x = s
+        it += 1
+    return x
+
+
+def _solve_on(g: np.ndarray, h: np.ndarray, on: np.ndarray) -> np.ndarray:
+    both = on[:, None] & on[None, :]
+    gp = np.where(both, g, np.eye(g.shape[0]))
+    try:
+        x = scipy.linalg.cho_solve(scipy.linalg.cho_factor(gp), np.where(on, h, 0.0))
+    except np.linalg.LinAlgError:
+        return np.full(h.shape, np.nan)
+    return np.where(on, x, 0.0)
+
+
+def solve_amplitudes(
+    system: LensSystem, imaging: Imaging, *, nonnegative: bool = False
+) -> tuple[Float[np.ndarray, " n_linear"], Float[np.ndarray, "ny nx"]]:
+    """The weighted least-squares amplitudes of the linear light components of `system`
+    against `imaging` and the model image with them, as
+    `equilens.terms.solve_amplitudes` (Jacobi-scaled normal equations, Cholesky; with
+    `nonnegative`, the same Lawson-Hanson active set and the exact solve on it). A
+    degenerate basis gives NaN amplitudes."""
+    host = host_imaging(imaging)
+    images, fixed = linear_images(system, imaging.grid, imaging.convolution)
+    flat = images.reshape(images.shape[0], -1)
+    a = flat[:, host.pixels] * host.inv_noise[None, :]
+    target = host.data if fixed is None else host.data - fixed.reshape(-1)
+    b = target[host.pixels] * host.inv_noise
+    g = a @ a.T
+    h = a @ b
+    d = np.diagonal(g)
+    with np.errstate(divide="ignore"):
+        scale = np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 0.0)
+    g = g * scale[:, None] * scale[None, :]
+    h = h * scale
+    if nonnegative:
+        x = _solve_on(g, h, _nnls(g, h) > 0)
+    else:
+        try:
+            x = scipy.linalg.cho_solve(scipy.linalg.cho_factor(g), h)
+        except np.linalg.LinAlgError:
+            x = np.full(h.shape, np.nan)
+    amps = x * scale
+    model = np.tensordot(amps, images, axes=1)
+    if fixed is not None:
+        model = model + fixed
+    return amps, model
+
+
+def model_image(term: Any, system: LensSystem) -> np.ndarray:
+    """The model image an imaging term compares with its data, as `term.model_image`."""
+    if isinstance(system.source, PixelizedSource):
+        raise TypeError(
+            f"{type(term).__name__} cannot solve a PixelizedSource: use equilens.LogEvidence"
+        )
+    if term.linear:
+        return solve_amplitudes(system, term.imaging, nonnegative=term.nonnegative)[1]
+    return image(system, term.imaging.grid, term.imaging.convolution)
+
+
+@register_term(GaussianLikelihood)
+def _gaussian(term: GaussianLikelihood, model: LensSystem) -> float:
+    host = host_imaging(term.imaging)
+    m = model_image(term, model).reshape(-1)[host.pixels]
+    r = (host.data[host.pixels] - m) * host.inv_noise
+    constant = host.log_noise_sum + 0.5 * math.log(2 * math.pi) * host.pixels.size
+    return float(0.5 * np.dot(r, r) + constant)
+
+
+@register_term(PoissonLikelihood)
+def _poisson(term: PoissonLikelihood, model: LensSystem) -> float:
+    host = host_imaging(term.imaging)
+    t, bg = float(term.exposure_time), float(term.background)
+    m = model_image(term, model).reshape(-1)[host.pixels]
+    c = np.maximum((host.data[host.pixels] + bg) * t, 0.0)
+    lam = np.maximum((m + bg) * t, np.finfo(np.float64).tiny)
+    return float(np.sum(lam - c * np.log(lam) + scipy.special.gammaln(c + 1)))
+
+
+# --------------------------------------------------------------------------------------
+# positions and priors
+# --------------------------------------------------------------------------------------
+
+
+def _mass_of(model: Any) -> AbstractMassProfile:
+    return model.mass if isinstance(model, LensSystem) else model
+
+
+@register_term(PositionsTerm)
+def _positions(term: PositionsTerm, model: Any) -> float:
+    if term.plane != "source":
+        raise NotImplementedError(
+            "the Numba backend evaluates PositionsTerm(plane='source') only; the image-plane "
+            "form solves the lens equation with optimistix (JAX)"
+        )
+    mass = _mass_of(model)
+    x, y = np.asarray(term.x, np.float64), np.asarray(term.y, np.float64)
+    alpha = mass_rows(mass, x, y, DEFLECTION)
+    fxx, fxy, fyy = mass_rows(mass, x, y, HESSIAN)
+    bx, by = x - alpha[0], y - alpha[1]
+    a11, a12, a22 = 1 - fxx, -fxy, 1 - fyy
+    det = a11 * a22 - a12 * a12
+    i11, i12, i22 = a22 / det, -a12 / det, a11 / det
+    m11 = i11 * i11 + i12 * i12
+    m12 = i11 * i12 + i12 * i22
+    m22 = i12 * i12 + i22 * i22
+    s11, s12, s22 = np.sum(m11), np.sum(m12), np.sum(m22)
+    t1 = np.sum(m11 * bx + m12 * by)
+    t2 = np.sum(m12 * bx + m22 * by)
+    sdet = s11 * s22 - s12 * s12
+    beta_x = (s22 * t1 - s12 * t2) / sdet
+    beta_y = (s11 * t2 - s12 * t1) / sdet
+    dx, dy = bx - beta_x, by - beta_y
+    sigma = float(term.sigma)
+    r = np.concatenate([i11 * dx + i12 * dy, i12 * dx + i22 * dy]) / sigma
+    n = 2 * x.size
+    return float(0.5 * np.dot(r, r) + n * (math.log(sigma) + 0.5 * math.log(2 * math.pi)))
+
+
+@register_term(PositionsThreshold)
+def _positions_threshold(term: PositionsThreshold, model: Any) -> float:
+    x, y = np.asarray(term.x, np.float64), np.asarray(term.y, np.float64)
+    alpha = mass_rows(_mass_of(model), x, y, DEFLECTION)
+    bx, by = x - alpha[0], y - alpha[1]
+    d2 = (bx - np.mean(bx)) ** 2 + (by - np.mean(by)) ** 2
+    threshold, sigma = float(term.threshold), float(term.sigma)
+    excess = (np.sqrt(np.maximum(d2, threshold * threshold)) - threshold) / sigma
+    return float(0.5 * np.dot(excess, excess))
+
+
+@register_term(GaussianPrior)
+def _gaussian_prior(term: GaussianPrior, model: Any) -> float:
+    value = np.asarray(term.where(model), np.float64)
+    mean, sigma = np.asarray(term.mean, np.float64), np.asarray(term.sigma, np.float64)
+    r = np.reshape((value - mean) / sigma, -1)
+    return float(0.5 * np.dot(r, r) + np.sum(np.log(sigma) + 0.5 * math.log(2 * math.pi)))
+
+
+@register_term(UniformPrior)
+def _uniform_prior(term: UniformPrior, model: Any) -> float:
+    value = np.asarray(term.where(model), np.float64)
+    lower, upper = np.asarray(term.lower, np.float64), np.asarray(term.upper, np.float64)
+    inside = bool(np.all((value >= lower) & (value <= upper)))
+    constant = float(np.sum(np.log(upper - lower)))
+    return constant if inside else math.inf
