@@ -3,8 +3,9 @@
 
 `nox -s tests-3.11` runs the fast suite in float64 and float32 on Python 3.11 (jax <= 0.10.1);
 `nox -s tests-3.12` on Python 3.12 with the newest jax. `nox -s slow` runs the tests marked
-`slow` (whole fits of real and simulated lenses) and every script in examples/. `.ci/run`
-runs the README's test command, then `slow`."""
+`slow` (whole fits of real and simulated lenses) and every script in examples/;
+`nox -s numba-boundscheck` the Numba kernels' tests with bounds checking. `.ci/run` runs the
+README's test command, then `slow`, `numba-boundscheck` and the newest-jax fast suite."""
 
 import os
 import pathlib
@@ -83,6 +84,22 @@ def _pytest(session: nox.Session, marker: str, python: str, precision: str) -> N
         "-q",
         *session.posargs,
         env=env,
+    )
+
+
+@nox.session(python="3.11", name="numba-boundscheck")
+def numba_boundscheck(session: nox.Session) -> None:
+    """The Numba kernels' tests (the backend's parity suite, the host linear algebra) with
+    Numba's bounds checking on: an index out of range raises instead of reading memory.
+    One process, with its own kernel cache (bounds-checked code is compiled apart)."""
+    session.install("-e", ".[test]")
+    env = {
+        "EQUILENS_TEST_X64": "1",
+        "NUMBA_BOUNDSCHECK": "1",
+        "NUMBA_CACHE_DIR": str(ROOT / ".numba-cache" / "boundscheck"),
+    }
+    session.run(
+        "pytest", "-n", "0", "-q", "tests/test_numba.py", "tests/test_host_linalg.py", env=env
     )
 
 

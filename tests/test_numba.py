@@ -422,3 +422,42 @@ def test_terms_the_numba_backend_cannot_evaluate_say_so():
     )
     with pytest.raises(TypeError, match="LogEvidence"):
         enb.value(el.GaussianLikelihood(imaging), pixelized)
+
+
+def test_log_density_is_minus_the_objective_over_the_fit_parameters():
+    from equilens.objective import functions
+
+    truth, imaging = _dataset()
+    terms = _terms(truth, imaging)
+    objective = el.Objective([terms["gaussian_linear"], terms["gaussian_prior"]])
+    model = _linear_model(truth)
+    dens = enb.log_density(objective, model)
+    fns = functions(objective, model)
+    param = fns.parametrisation
+    assert dens.names == param.paths(model)
+    assert dens.x0.shape == (len(dens.names),) and dens.bounds.shape == (len(dens.names), 2)
+    # the linear amplitudes are not parameters; theta_E is, bounded below by 0
+    assert not any("amp" in n for n in dens.names)
+    k = dens.names.index("mass.components[0].theta_E")
+    assert dens.bounds[k, 0] == 0.0 and dens.bounds[k, 1] == np.inf
+    jax_objective = eqx.filter_jit(lambda o, m: o(m))
+    assert dens.f(dens.x0) == pytest.approx(-float(jax_objective(objective, model)), rel=1e-10)
+    rng = np.random.default_rng(0)
+    vectors = [dens.x0 * rng.uniform(0.97, 1.03, dens.x0.shape) for _ in range(4)]
+    for v in vectors:
+        values, start = [], 0
+        for leaf in param.values(model):
+            n = int(np.size(leaf))
+            values.append(jnp.asarray(v[start : start + n]).reshape(np.shape(leaf)))
+            start += n
+        moved = param.with_values(tuple(values), model)
+        assert dens.f(v) == pytest.approx(-float(jax_objective(objective, moved)), rel=1e-10)
+    # outside the bounds: -inf; from threads: the serial values
+    bad = dens.x0.copy()
+    bad[k] = -0.1
+    assert dens.f(bad) == -np.inf
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        threaded = list(pool.map(dens.f, vectors * 2))
+    assert threaded == [dens.f(v) for v in vectors] * 2
+    with pytest.raises(ValueError, match="parameters"):
+        dens.f(dens.x0[:-1])

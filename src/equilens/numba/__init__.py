@@ -4,7 +4,8 @@
 `potential`, `hessian`, `convergence`, `ray_shoot`, `magnification`, `intensity`, `basis`
 and `surface_brightness`; `image(system, grid, psf)` equals `system.image(grid, psf)`,
 `linear_images` and `solve_amplitudes` their JAX namesakes, and `value(objective, model)`
-equals `objective(model)` (imaging likelihoods, positions, priors).
+equals `objective(model)` (imaging likelihoods, positions, priors). `log_density(objective,
+model)` makes `-objective` a plain function of a NumPy parameter vector, for samplers.
 They are computed by compiled kernels that run `numba.prange` over the pixels (PSF
 convolutions by `scipy.fft` with as many workers, or directly for small kernels), from
 NumPy inputs to float64 NumPy outputs. No JAX tracing and no compilation per shape: the
@@ -45,6 +46,8 @@ from ._image import (
     surface_brightness as surface_brightness,
 )
 from ._terms import (
+    LogDensity as LogDensity,
+    log_density as log_density,
     register_term as register_term,
     solve_amplitudes as solve_amplitudes,
     value as value,

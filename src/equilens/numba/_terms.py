@@ -7,9 +7,11 @@ class (`register_term`); `value(objective, model)` is the weighted sum, as
 
 import math
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
+import equinox as eqx
+import jax
 import numpy as np
 import scipy.linalg
 import scipy.special
@@ -274,3 +276,72 @@ def _uniform_prior(term: UniformPrior, model: Any) -> float:
     inside = bool(np.all((value >= lower) & (value <= upper)))
     constant = float(np.sum(np.log(upper - lower)))
     return constant if inside else math.inf
+
+
+# --------------------------------------------------------------------------------------
+# a plain function of a parameter vector, for samplers
+# --------------------------------------------------------------------------------------
+
+
+class LogDensity(NamedTuple):
+    """`log_density(objective, model, ...)`'s result: `f(vector) -> float`, the start
+    `x0`, one name per entry of the vector, and each entry's `(lower, upper)` bounds."""
+
+    f: Callable[[np.ndarray], float]
+    x0: np.ndarray
+    names: tuple[str, ...]
+    bounds: np.ndarray
+
+
+def log_density(
+    objective: Objective,
+    model: PyTree[Any],
+    *,
+    free: PyTree[bool] | Callable[[Any], bool] | None = None,
+    bounds: Mapping[Any, tuple[float, float]] | None = None,
+) -> LogDensity:
+    """`-objective` (the log posterior density up to the evidence: the log likelihood of
+    the data terms plus the log priors among the terms) as a plain Python function of a
+    NumPy vector of the **physical** values of the free parameters, evaluated by the
+    Numba backend: for samplers (nested sampling, MCMC) that call a likelihood from NumPy.
+
+    The free parameters, their order and their bounds are those `equilens.fit` uses for
+    the same arguments (`free`, `bounds`; the class defaults otherwise; amplitudes the
+    objective solves linearly are not free). `names` are `FitResult.names`'s; `bounds` is
+    an `(n, 2)` array (`-inf`/`inf` where a parameter is unbounded): a sampler's prior box.
+    A vector outside the bounds gets `-inf`, as does a model the likelihood cannot
+    evaluate (non-finite value). `f` is safe to call from several threads.
+    """
+    from ..objective._params import Parametrisation, linear_leaves
+
+    param = Parametrisation.build(model, linear_leaves(model, objective), free=free, bounds=bounds)
+    leaves, treedef = jax.tree.flatten(model)
+    free_leaves = [i for i, f in enumerate(param.free) if f]
+    shapes = [np.shape(leaves[i]) for i in free_leaves]
+    sizes = [int(np.prod(s)) for s in shapes]
+    host_leaves = [np.asarray(leaf) if eqx.is_array(leaf) else leaf for leaf in leaves]
+    x0 = np.concatenate([np.asarray(leaves[i], np.float64).reshape(-1) for i in free_leaves])
+    box = np.array(
+        [
+            b if b is not None else (-math.inf, math.inf)
+            for i, n in zip(free_leaves, sizes, strict=True)
+            for b in [param.bounds[i]] * n
+        ],
+        dtype=np.float64,
+    ).reshape(-1, 2)
+    lower, upper = box[:, 0], box[:, 1]
+    offsets = np.cumsum([0, *sizes])
+
+    def f(vector: np.ndarray) -> float:
+        v = np.asarray(vector, np.float64)
+        if v.shape != x0.shape:
+            raise ValueError(f"expected a vector of {x0.size} parameters, got shape {v.shape}")
+        if not (np.all(v >= lower) and np.all(v <= upper)):
+            return -math.inf
+        new = list(host_leaves)
+        for k, i in enumerate(free_leaves):
+            new[i] = v[offsets[k] : offsets[k + 1]].reshape(shapes[k])
+        out = -value(objective, jax.tree.unflatten(treedef, new))
+        return out if math.isfinite(out) else -math.inf
+
+    return LogDensity(f, x0, param.paths(model), box)
