@@ -8,6 +8,8 @@ pixelated PSF, 0.05" pixels, float64; images of 50x50 to 400x400 pixels.
   prepared `FFTConvolution` (what fits use).
 - Numba: `equilens.numba.image(system, grid, psf)` (no compilation per shape), on 1 and 2
   threads (`numba.set_num_threads`).
+- The Gaussian likelihood `objective(model)` (jitted) against
+  `equilens.numba.value(objective, model)`, amplitudes fitted and solved linearly.
 
 Medians of many calls; the machine's load average is printed with them. Ratios > 1 mean
 the Numba backend is faster. Run with `nox -s bench` or
@@ -84,6 +86,40 @@ def bench_size(n: int, repeats: int) -> dict[str, float]:
     return out
 
 
+def bench_likelihood(repeats: int) -> dict[str, float]:
+    """`objective(model)` (jitted, JAX) against `equilens.numba.value(objective, model)`
+    for a Gaussian likelihood on the 100x100 problem, amplitudes fitted and solved.
+    The calls of the backends alternate, so that load changes hit both alike."""
+    import equinox as eqx
+
+    system, grid, psf = setup(100)
+    data = el.simulate(jax.random.key(0), system, grid, psf, exposure_time=1000.0, sky_level=1.0)
+    out = {}
+    before = numba.get_num_threads()
+    try:
+        for linear in (False, True):
+            objective = el.Objective(el.GaussianLikelihood(data, linear=linear))
+            arrays, static = eqx.partition((objective, system), eqx.is_array)
+            fn = jax.jit(lambda a, static=static: (lambda o, m: o(m))(*eqx.combine(a, static)))
+            ref = float(fn(arrays))
+            assert abs(enb.value(objective, system) - ref) < 1e-9 * abs(ref)
+            times = {"jax": [], "numba_1": [], "numba_2": []}
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn(arrays).block_until_ready()
+                times["jax"].append(time.perf_counter() - t0)
+                for threads in (1, 2):
+                    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+                    t0 = time.perf_counter()
+                    enb.value(objective, system)
+                    times[f"numba_{threads}"].append(time.perf_counter() - t0)
+            for key, ts in times.items():
+                out[f"{key}_{'linear' if linear else 'fitted'}"] = statistics.median(ts)
+    finally:
+        numba.set_num_threads(before)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=100)
@@ -110,6 +146,14 @@ def main() -> None:
             f"{r['numba_1'] / r['numba_2']:9.2f}x {r['jax_psf'] / r['numba_2']:14.2f}x "
             f"{r['jax_conv'] / r['numba_2']:15.2f}x {r['jax_compile']:10.2f}s "
             f"{r['max_rel_diff']:12.1e}"
+        )
+    r = bench_likelihood(max(50, args.repeats * 3))
+    print("  Gaussian likelihood objective(model), 100x100 (JAX jitted vs equilens.numba.value):")
+    for kind in ("fitted", "linear"):
+        j, n1, n2 = (r[f"{k}_{kind}"] for k in ("jax", "numba_1", "numba_2"))
+        print(
+            f"    amplitudes {kind:6s}  JAX {j * ms:7.3f} ms  Numba 1 thr {n1 * ms:7.3f} ms  "
+            f"2 thr {n2 * ms:7.3f} ms  Numba(2)/JAX {n2 / j:5.2f}x  2thr/1thr {n1 / n2:5.2f}x"
         )
     print(f"  (load average after the run: {os.getloadavg()[0]:.2f})")
 

@@ -1,6 +1,7 @@
 """Model images with the Numba backend: ray shooting, light, binning and PSF convolution."""
 
 import functools
+import weakref
 
 import numpy as np
 import scipy.fft
@@ -9,7 +10,7 @@ from jaxtyping import ArrayLike, Float
 from .._grid import Grid
 from .._lens_system import LensSystem
 from ..light import AbstractLinearLightProfile, LightSum
-from ..psf import AbstractPSF, FFTConvolution
+from ..psf import AbstractPSF, FFTConvolution, PixelPSF
 from ..psf._psf import fft_padded_shape
 from ._api import DEFLECTION, _flat, light_intensity, mass_rows
 
@@ -25,14 +26,31 @@ FFT_THREADS_MIN_PIXELS = 1 << 20
 def coordinates(grid: Grid, supersampled: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """`(x, y)` of the (sub-)pixel centres of `grid` as float64 NumPy arrays (the same
     values as `grid.coordinates`)."""
-    factor = grid.supersampling if supersampled else 1
-    ny, nx = grid.shape
+    x, y = _coordinates(grid.shape, grid.pixel_scale, grid.origin, grid.supersampling, supersampled)
+    return x.copy(), y.copy()
+
+
+@functools.lru_cache(maxsize=32)
+def _coordinates(
+    shape: tuple[int, int],
+    pixel_scale: float,
+    origin: tuple[float, float],
+    supersampling: int,
+    supersampled: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    # (made once per grid: internal callers must not write into them)
+    factor = supersampling if supersampled else 1
+    ny, nx = shape
     jx = (np.arange(nx * factor, dtype=np.float64) + 0.5) / factor - 0.5
     iy = (np.arange(ny * factor, dtype=np.float64) + 0.5) / factor - 0.5
-    xs = (jx - (nx - 1) / 2) * grid.pixel_scale + grid.origin[0]
-    ys = (iy - (ny - 1) / 2) * grid.pixel_scale + grid.origin[1]
+    xs = (jx - (nx - 1) / 2) * pixel_scale + origin[0]
+    ys = (iy - (ny - 1) / 2) * pixel_scale + origin[1]
     y, x = np.meshgrid(ys, xs, indexing="ij")
-    return x, y
+    return np.ascontiguousarray(x), np.ascontiguousarray(y)
+
+
+def _grid_coordinates(grid: Grid) -> tuple[np.ndarray, np.ndarray]:
+    return _coordinates(grid.shape, grid.pixel_scale, grid.origin, grid.supersampling, True)
 
 
 def surface_brightness(
@@ -76,25 +94,30 @@ def _threads() -> int:
 
 
 def convolve(
-    image: Float[ArrayLike, "ny nx"], kernel: Float[ArrayLike, "ky kx"], method: str = "auto"
-) -> Float[np.ndarray, "ny nx"]:
-    """'Same'-size linear convolution of `image` with an odd-sized `kernel`, zero outside
-    the image (as `AbstractPSF.convolve`): `method` "fft" (`scipy.fft` on the exact padded
-    shape of `fft_padded_shape`, with Numba's thread count as workers from
-    `FFT_THREADS_MIN_PIXELS`), "direct" (a Numba
-    kernel, rows in parallel) or "auto" (direct up to `DIRECT_MAX_PIXELS` kernel pixels)."""
+    image: Float[ArrayLike, "*batch ny nx"], kernel: Float[ArrayLike, "ky kx"], method: str = "auto"
+) -> Float[np.ndarray, "*batch ny nx"]:
+    """'Same'-size linear convolution of `image` (or of each image of a stack) with an
+    odd-sized `kernel`, zero outside the image (as `AbstractPSF.convolve`): `method` "fft"
+    (`scipy.fft` on the exact padded shape of `fft_padded_shape`, a stack in one batched
+    transform, with Numba's thread count as workers from `FFT_THREADS_MIN_PIXELS`),
+    "direct" (a Numba kernel, rows in parallel) or "auto" (direct up to
+    `DIRECT_MAX_PIXELS` kernel pixels)."""
     img = np.ascontiguousarray(image, np.float64)
     k = np.ascontiguousarray(kernel, np.float64)
     if k.ndim != 2 or k.shape[0] % 2 == 0 or k.shape[1] % 2 == 0:
         raise ValueError(f"PSF kernel must be 2-d with odd side lengths, got shape {k.shape}")
     if method not in ("auto", "fft", "direct"):
         raise ValueError(f"convolution method must be 'auto', 'fft' or 'direct', got {method!r}")
+    if img.ndim < 2:
+        raise ValueError(f"convolve needs a 2-d image or a stack of them, got shape {img.shape}")
     if method == "direct" or (method == "auto" and k.size <= DIRECT_MAX_PIXELS):
         from ._runtime import _LOCK
 
+        flat = img.reshape(-1, *img.shape[-2:])
         with _LOCK:
-            return _kernels().convolve_same(img, k)
-    ny, nx = img.shape
+            out = [_kernels().convolve_same(im, k) for im in flat]
+        return np.stack(out).reshape(img.shape)
+    ny, nx = img.shape[-2:]
     fft_shape = fft_padded_shape((ny, nx), (k.shape[0], k.shape[1]))
     kft = _kernel_ft(k.tobytes(), k.shape, fft_shape)
     # scipy's threads pay only for large transforms (measured on 2 cores: 2 workers were
@@ -103,14 +126,26 @@ def convolve(
     spectrum = np.asarray(scipy.fft.rfft2(img, s=fft_shape, workers=workers)) * kft
     full = np.asarray(scipy.fft.irfft2(spectrum, s=fft_shape, workers=workers))
     oy, ox = k.shape[0] // 2, k.shape[1] // 2
-    return np.ascontiguousarray(full[oy : oy + ny, ox : ox + nx])
+    return np.ascontiguousarray(full[..., oy : oy + ny, ox : ox + nx])
+
+
+_KERNELS: dict[int, tuple[weakref.ref, np.ndarray]] = {}
 
 
 def _psf_kernel(psf: AbstractPSF | FFTConvolution) -> np.ndarray:
+    """The PSF's pixel kernel as float64 NumPy (an `FFTConvolution`'s recovered once from
+    its transform, exact to round-off, and kept while the operator lives)."""
     if isinstance(psf, FFTConvolution):
-        # the kernel back from its transform (exact to round-off: the FFT shape holds it)
+        key = id(psf)
+        entry = _KERNELS.get(key)
+        if entry is not None and entry[0]() is psf:
+            return entry[1]
         full = np.fft.irfft2(np.asarray(psf.kernel_ft), s=psf.fft_shape)
-        return np.ascontiguousarray(full[: psf.kernel_shape[0], : psf.kernel_shape[1]])
+        kernel = np.ascontiguousarray(full[: psf.kernel_shape[0], : psf.kernel_shape[1]])
+        _KERNELS[key] = (weakref.ref(psf, lambda _, key=key: _KERNELS.pop(key, None)), kernel)
+        return kernel
+    if isinstance(psf, PixelPSF):
+        return np.asarray(psf.kernel_array, np.float64)
     return np.asarray(psf.kernel(), np.float64)
 
 
@@ -123,7 +158,7 @@ def image(
     """Model image (flux per pixel) on `grid`, optionally convolved with `psf`: the same
     numbers as `system.image(grid, psf)` (same rules for the PSF's supersampling), from
     the Numba kernels and `scipy.fft`. `method` chooses the convolution (see `convolve`)."""
-    x, y = coordinates(grid, supersampled=True)
+    x, y = _grid_coordinates(grid)
     flux = surface_brightness(system, x, y) * grid.pixel_area
     if psf is None:
         return bin_image(grid, flux)
@@ -153,7 +188,7 @@ def _bin_stack(grid: Grid, sub: np.ndarray) -> np.ndarray:
 
 
 def _convolve_stack(stack: np.ndarray, kernel: np.ndarray, method: str) -> np.ndarray:
-    return np.stack([convolve(s, kernel, method) for s in stack])
+    return convolve(stack, kernel, method)
 
 
 def _render(grid: Grid, psf: AbstractPSF | FFTConvolution | None, flux: np.ndarray, method: str):
@@ -182,24 +217,29 @@ def linear_images(
     `system.linear_images(grid, psf)`: `image = sum_k amp_k images[k] + fixed`."""
     from ._api import light_basis
 
-    profiles = system.linear_profiles()
-    parts = system.linear_components()
+    # (the light components read directly: equinox wraps each method call of a module
+    # in a new bound-method module, which cost more than the kernels of a small image)
+    parts = [
+        (name, comp)
+        for name in ("lens_light", "source")
+        for comp in _components(object.__getattribute__(system, name))
+        if isinstance(comp, AbstractLinearLightProfile)
+    ]
     if not parts:
         raise ValueError("the lens system has no linear light component")
-    x, y = coordinates(grid, supersampled=True)
+    x, y = _grid_coordinates(grid)
     xf, yf = x.reshape(-1), y.reshape(-1)
     alpha = mass_rows(system.mass, xf, yf, DEFLECTION)
     bx, by = xf - alpha[0], yf - alpha[1]
     rows = [
-        light_basis(p, bx, by) if name == "source" else light_basis(p, xf, yf)
-        for (name, _), p in zip(parts, profiles, strict=True)
+        light_basis(p, bx, by) if name == "source" else light_basis(p, xf, yf) for name, p in parts
     ]
     flux = np.concatenate(rows, axis=0).reshape(-1, *x.shape) * grid.pixel_area
     images = _render(grid, psf, flux, method)
     others = [
         (name, comp)
         for name in ("lens_light", "source")
-        for comp in _components(getattr(system, name))
+        for comp in _components(object.__getattribute__(system, name))
         if not isinstance(comp, AbstractLinearLightProfile)
     ]
     if not others:
@@ -216,4 +256,6 @@ def linear_images(
 def _components(profile) -> tuple:
     if profile is None:
         return ()
-    return profile.components if isinstance(profile, LightSum) else (profile,)
+    if isinstance(profile, LightSum):
+        return object.__getattribute__(profile, "components")
+    return (profile,)

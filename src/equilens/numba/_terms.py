@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 import numpy as np
-import scipy.linalg
 import scipy.special
 from jaxtyping import Float, PyTree
 
@@ -83,9 +82,12 @@ class _HostImaging:
     """An `Imaging` dataset's arrays as float64 NumPy, made once per dataset object."""
 
     def __init__(self, imaging: Imaging):
+        self.grid = imaging.grid
+        self.convolution = imaging.convolution
         self.data = np.asarray(imaging.data, np.float64).reshape(-1)
         self.noise = np.asarray(imaging.noise_map, np.float64).reshape(-1)
         self.pixels = np.flatnonzero(np.asarray(imaging.mask))
+        self.all_pixels = self.pixels.size == self.data.size
         self.inv_noise = 1.0 / self.noise[self.pixels]
         self.log_noise_sum = float(np.sum(np.log(self.noise[self.pixels])))
         # the PSF as an FFTConvolution's kernel, recovered once
@@ -135,14 +137,21 @@ def _nnls(g: np.ndarray, h: np.ndarray) -> np.ndarray:
     return x
 
 
+def _cholesky_solve(g: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """`g^-1 h` by Cholesky (NaN when `g` is not positive definite). The few-by-few
+    systems of the linear light go through NumPy's LAPACK calls directly: SciPy's checks
+    cost more than the solve."""
+    try:
+        low = np.linalg.cholesky(g)
+    except np.linalg.LinAlgError:
+        return np.full(h.shape, np.nan)
+    return np.linalg.solve(low.T, np.linalg.solve(low, h))
+
+
 def _solve_on(g: np.ndarray, h: np.ndarray, on: np.ndarray) -> np.ndarray:
     both = on[:, None] & on[None, :]
     gp = np.where(both, g, np.eye(g.shape[0]))
-    try:
-        x = scipy.linalg.cho_solve(scipy.linalg.cho_factor(gp), np.where(on, h, 0.0))
-    except np.linalg.LinAlgError:
-        return np.full(h.shape, np.nan)
-    return np.where(on, x, 0.0)
+    return np.where(on, _cholesky_solve(gp, np.where(on, h, 0.0)), 0.0)
 
 
 def solve_amplitudes(
@@ -154,11 +163,11 @@ def solve_amplitudes(
     `nonnegative`, the same Lawson-Hanson active set and the exact solve on it). A
     degenerate basis gives NaN amplitudes."""
     host = host_imaging(imaging)
-    images, fixed = linear_images(system, imaging.grid, imaging.convolution)
+    images, fixed = linear_images(system, host.grid, host.convolution)
     flat = images.reshape(images.shape[0], -1)
-    a = flat[:, host.pixels] * host.inv_noise[None, :]
+    a = (flat if host.all_pixels else flat[:, host.pixels]) * host.inv_noise[None, :]
     target = host.data if fixed is None else host.data - fixed.reshape(-1)
-    b = target[host.pixels] * host.inv_noise
+    b = (target if host.all_pixels else target[host.pixels]) * host.inv_noise
     g = a @ a.T
     h = a @ b
     d = np.diagonal(g)
@@ -166,13 +175,7 @@ def solve_amplitudes(
         scale = np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 0.0)
     g = g * scale[:, None] * scale[None, :]
     h = h * scale
-    if nonnegative:
-        x = _solve_on(g, h, _nnls(g, h) > 0)
-    else:
-        try:
-            x = scipy.linalg.cho_solve(scipy.linalg.cho_factor(g), h)
-        except np.linalg.LinAlgError:
-            x = np.full(h.shape, np.nan)
+    x = _solve_on(g, h, _nnls(g, h) > 0) if nonnegative else _cholesky_solve(g, h)
     amps = x * scale
     model = np.tensordot(amps, images, axes=1)
     if fixed is not None:
@@ -188,7 +191,8 @@ def model_image(term: Any, system: LensSystem) -> np.ndarray:
         )
     if term.linear:
         return solve_amplitudes(system, term.imaging, nonnegative=term.nonnegative)[1]
-    return image(system, term.imaging.grid, term.imaging.convolution)
+    host = host_imaging(term.imaging)
+    return image(system, host.grid, host.convolution)
 
 
 @register_term(GaussianLikelihood)
