@@ -58,15 +58,41 @@ def _close(got, want, tol=TOL):
     assert err < tol, f"relative error {err:.2e}"
 
 
-def test_every_final_mass_and_parametric_light_profile_has_a_numba_kernel():
-    # (the pixelized source, equilens.source, comes with the Numba evidence)
+def test_every_final_profile_has_a_numba_kernel():
     missing = [
         cls.__name__
         for root in (mass.AbstractMassProfile, light.AbstractLightProfile)
         for cls in _finals(root)
-        if not enb.supported(cls) and not cls.__module__.startswith("equilens.source")
+        if not enb.supported(cls)
     ]
     assert missing == []
+
+
+@pytest.mark.parametrize("mesh_name", ["rectangular", "adaptive", "delaunay"])
+def test_pixelized_sources_interpolate_as_in_jax(mesh_name):
+    from equilens import source
+
+    grid = el.Grid((30, 30), 0.1)
+    sie = MASS["SIE"]
+    mesh = {
+        "rectangular": source.RectangularMesh((12, 14)),
+        "adaptive": source.AdaptiveRectangularMesh((12, 14)),
+        "delaunay": source.DelaunayMesh.from_mask(grid, np.ones(grid.shape, bool), 150),
+    }[mesh_name]
+    bx, by = sie.ray_shoot(grid.x.reshape(-1), grid.y.reshape(-1))
+    geometry = mesh.geometry(sie, bx, by)
+    rng = np.random.default_rng(1)
+    values = jnp.asarray(rng.normal(size=mesh.n_pixels))
+    src = source.PixelizedSource(mesh, el.ConstantRegularization(1.0), values, geometry)
+    # the traced pixels, points around and outside the mesh
+    x = jnp.concatenate([bx, jnp.asarray(rng.uniform(-3, 3, 200))])
+    y = jnp.concatenate([by, jnp.asarray(rng.uniform(-3, 3, 200))])
+    want = src.intensity(x, y)
+    got = enb.intensity(src, np.asarray(x), np.asarray(y))
+    _close(got, want)
+    # and a lensed image of it
+    system = el.LensSystem(mass=sie, source=src)
+    _close(enb.image(system, grid), system.image(grid))
 
 
 MASS_METHODS = ["deflection", "potential", "hessian", "convergence", "ray_shoot", "magnification"]

@@ -13,6 +13,7 @@ import numpy as np
 
 from ._mass_kernels import elliptical_radius_sq
 
+_OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
 _PARALLEL = {"cache": True, "nogil": True, "parallel": True, "error_model": "numpy"}
 _R_MIN = 1e-4  # as `equilens.light._sersic._R_MIN`
 
@@ -78,3 +79,50 @@ def shapelets(x, y, out, n_max, beta, cx, cy, n1, n2):
             hy[n + 1] = a * v * hy[n] - b * hy[n - 1]
         for k in range(n1.size):
             out[k, i] = hx[n1[k]] * hy[n2[k]]
+
+
+@numba.njit(**_OPTIONS)
+@no_type_check
+def _cell(edges, v, uniform):
+    # (cell index clipped to the mesh, fractional position in it): `_cell` and
+    # `_uniform_cell` of `equilens.source._geometry`
+    n = edges.size - 1
+    if uniform:
+        span = edges[n] - edges[0]
+        u = (v - edges[0]) * (n / (span if span > 0 else 1.0))
+        if math.isnan(u):
+            return 0, 0.0
+        i = min(max(math.floor(u), 0.0), n - 1.0)
+        return int(i), min(max(u - i, 0.0), 1.0)
+    i = np.searchsorted(edges, v, side="right") - 1
+    i = min(max(i, 0), n - 1)
+    lo, hi = edges[i], edges[i + 1]
+    width = hi - lo
+    return i, min(max((v - lo) / (width if width > 0 else 1.0), 0.0), 1.0)
+
+
+@numba.njit(**_PARALLEL)
+@no_type_check
+def rectilinear_values(x, y, out, xs, ys, values, uniform, slack):
+    """A rectilinear mesh's values interpolated bilinearly at `(x, y)` (0 outside the
+    mesh, beyond `slack` times round-off of its edges: `EDGE_SLACK`)."""
+    nx = xs.size
+    eps = np.finfo(np.float64).eps
+    sx = slack * eps * (abs(xs[0]) + abs(xs[nx - 1]))
+    sy = slack * eps * (abs(ys[0]) + abs(ys[ys.size - 1]))
+    for i in numba.prange(x.size):
+        xi, yi = x[i], y[i]
+        inside = (xi >= xs[0] - sx) and (xi <= xs[nx - 1] + sx)
+        inside = inside and (yi >= ys[0] - sy) and (yi <= ys[ys.size - 1] + sy)
+        if not inside:
+            out[0, i] = 0.0
+            continue
+        ix, tx = _cell(xs, xi, uniform)
+        iy, ty = _cell(ys, yi, uniform)
+        b = iy * nx + ix
+        out[0, i] = (
+            (1 - tx) * (1 - ty) * values[b]
+            + tx * (1 - ty) * values[b + 1]
+            + (1 - tx) * ty * values[b + nx]
+            + tx * ty * values[b + nx + 1]
+        )
