@@ -64,8 +64,9 @@ def slow(session: nox.Session) -> None:
     """The tests marked `slow` (float64): whole fits (the HST demo, the CLI, recovery over
     seeds and solvers, evidence fits) and every script in examples/ (tests/test_examples.py
     runs each in its own process), shared out over the pytest-xdist workers. Installs
-    lenstronomy: one lens of the lenstronomy-simulated validation suite is fitted end to end."""
-    session.install("-e", ".[test,crosscheck]")
+    lenstronomy (one lens of the lenstronomy-simulated validation suite is fitted end to
+    end) and the sampling extra (the nested-sampling example)."""
+    session.install("-e", ".[test,crosscheck,sampling]")
     _pytest(session, "slow", "3.11", "float64")
 
 
@@ -115,7 +116,7 @@ def crosscheck(session: nox.Session) -> None:
 def examples(session: nox.Session) -> None:
     """Runs every script in examples/, one after another (small data; `slow` runs them too,
     as tests)."""
-    session.install("-e", ".")
+    session.install("-e", ".[sampling]")
     env = _jax_cache("3.11", "float64")
     for script in sorted(pathlib.Path("examples").glob("*.py")):
         session.run(
