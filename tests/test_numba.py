@@ -6,6 +6,7 @@ Numba backend always computes in float64.
 """
 
 import concurrent.futures
+import functools
 
 import equinox as eqx
 import jax
@@ -17,6 +18,7 @@ import pytest
 import equilens as el
 import equilens.numba as enb
 from equilens import light, mass
+from equilens.terms import solve_amplitudes
 from helpers import example_light_profiles, example_mass_profiles, sample_points
 
 pytestmark = pytest.mark.x64_only
@@ -261,7 +263,7 @@ def test_images_match_jax(case, method):
         "fft_operator": el.PixelPSF(kernel).fft_operator(grid.shape),
         "gaussian": el.GaussianPSF(0.2, 0.08),
     }[case]
-    want = eqx.filter_jit(lambda s, g, p: s.image(g, p))(system, grid, psf)
+    want = _jax_image(system, grid, psf)
     got = enb.image(system, grid, psf, method=method)
     assert got.shape == grid.shape
     _close(got, want)
@@ -301,7 +303,7 @@ def test_the_documented_snippet_gives_the_jax_image():
     code = re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]
     ns: dict = {}
     exec(compile(code, "<docs/numba.md>", "exec"), ns)
-    want = eqx.filter_jit(lambda s, g, p: s.image(g, p))(ns["system"], ns["grid"], ns["psf"])
+    want = _jax_image(ns["system"], ns["grid"], ns["psf"])
     _close(ns["image"], want)
     _close(ns["kappa"], ns["system"].mass.convergence(ns["grid"].x, ns["grid"].y))
 
@@ -311,6 +313,18 @@ def test_the_documented_snippet_gives_the_jax_image():
 # --------------------------------------------------------------------------------------
 
 
+# (compiled once per structure and shared by the tests: the JAX references)
+_jax_image = eqx.filter_jit(lambda s, g, p: s.image(g, p))
+_jax_value = eqx.filter_jit(lambda t, m: t(m))
+_jax_linear = eqx.filter_jit(
+    lambda m, imaging, pixels, nonneg: (
+        m.linear_images(imaging.grid, imaging.convolution),
+        solve_amplitudes(m, imaging, nonnegative=nonneg, pixels=pixels),
+    )
+)
+
+
+@functools.cache
 def _dataset(supersampling: int = 2):
     truth = _system()
     grid = el.Grid((36, 36), 0.1, supersampling=supersampling)
@@ -334,16 +348,15 @@ def _linear_model(truth):
 
 @pytest.mark.parametrize("nonnegative", [False, True])
 def test_linear_images_and_amplitudes_match_jax(nonnegative):
-    from equilens.terms import solve_amplitudes
-
     truth, imaging = _dataset()
     model = _linear_model(truth)
     images, fixed = enb.linear_images(model, imaging.grid, imaging.convolution)
-    want_images, want_fixed = model.linear_images(imaging.grid, imaging.convolution)
+    pixels = jnp.asarray(np.flatnonzero(np.asarray(imaging.mask)))
+    jax_linear = _jax_linear(model, imaging, pixels, nonnegative)
+    (want_images, want_fixed), (want_system, want_image) = jax_linear
     _close(images, want_images)
     assert fixed is None and want_fixed is None
     amps, image = enb.solve_amplitudes(model, imaging, nonnegative=nonnegative)
-    want_system, want_image = solve_amplitudes(model, imaging, nonnegative=nonnegative)
     # the amplitudes of a nearly degenerate basis (8 Gaussians) are determined only to
     # cond(G) eps by any solver: that, not 1e-10, is the agreement to expect of them and of
     # the image they make (where large amplitudes of opposite sign cancel)
@@ -403,7 +416,7 @@ def test_term_values_match_jax(name):
     truth, imaging = _dataset()
     term = _terms(truth, imaging)[name]
     model = _linear_model(truth) if name.startswith("gaussian_") and "prior" not in name else truth
-    want = float(eqx.filter_jit(lambda t, m: t(m))(term, model))
+    want = float(_jax_value(term, model))
     got = enb.value(term, model)
     assert isinstance(got, float)
     assert got == pytest.approx(want, rel=1e-10, abs=1e-8)
@@ -466,7 +479,7 @@ def test_log_density_is_minus_the_objective_over_the_fit_parameters():
     assert not any("amp" in n for n in dens.names)
     k = dens.names.index("mass.components[0].theta_E")
     assert dens.bounds[k, 0] == 0.0 and dens.bounds[k, 1] == np.inf
-    jax_objective = eqx.filter_jit(lambda o, m: o(m))
+    jax_objective = _jax_value
     assert dens.f(dens.x0) == pytest.approx(-float(jax_objective(objective, model)), rel=1e-10)
     rng = np.random.default_rng(0)
     vectors = [dens.x0 * rng.uniform(0.97, 1.03, dens.x0.shape) for _ in range(4)]
