@@ -27,21 +27,13 @@ jax.config.update("jax_enable_x64", True)
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
+from bench_forward import median_time  # noqa: E402
 
 import equilens as el  # noqa: E402
 import equilens.numba as enb  # noqa: E402
 from equilens import light, mass  # noqa: E402
 
 SIZES = (50, 100, 200, 400)
-
-
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def setup(n: int):

@@ -8,7 +8,7 @@ from .. import light as lt, mass as ms
 from ..light._shapelets import shapelet_indices
 from ..mass._nfw import _CSE_A, _CSE_S
 from ..source import PixelizedSource, RectilinearGeometry, TriangulationGeometry
-from ..source._geometry import EDGE_SLACK, _locate_host
+from ..source._geometry import EDGE_SLACK, _barycentric_weights, _locate_host
 from . import _light_kernels as lk, _mass_kernels as mk
 from ._api import (
     _ROWS,
@@ -135,18 +135,7 @@ def _pixelized(light, x, y):
         # host callback); the nearest node outside the convex hull
         points = np.asarray(object.__getattribute__(geometry, "points"), np.float64)
         verts, ok = _locate_host(points, x, y)
-        p = points[verts]
-        x0, y0 = p[:, 0, 0], p[:, 0, 1]
-        ax, ay = p[:, 1, 0] - x0, p[:, 1, 1] - y0
-        bx, by = p[:, 2, 0] - x0, p[:, 2, 1] - y0
-        det = ax * by - ay * bx
-        single = (verts[:, 0] == verts[:, 1]) | (det == 0)
-        safe = np.where(single, 1.0, det)
-        dx, dy = x - x0, y - y0
-        u = (dx * by - dy * bx) / safe
-        v = (ax * dy - ay * dx) / safe
-        w = np.stack([1 - u - v, u, v], axis=1)
-        w = np.where(single[:, None], np.array([1.0, 0.0, 0.0]), w)
+        w = _barycentric_weights(np, points[verts], verts, x, y)
         if int(ok) == 0:
             w = np.full_like(w, np.nan)
         return np.sum(w * values[verts], axis=1)

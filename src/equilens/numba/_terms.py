@@ -30,6 +30,7 @@ from ..terms import (
     PositionsThreshold,
     UniformPrior,
 )
+from ..terms._positions import _source_plane_offsets
 from ._api import DEFLECTION, HESSIAN, mass_rows
 from ._image import _psf_kernel, image, linear_images
 
@@ -234,22 +235,9 @@ def _positions(term: PositionsTerm, model: Any) -> float:
     x, y = np.asarray(term.x, np.float64), np.asarray(term.y, np.float64)
     alpha = mass_rows(mass, x, y, DEFLECTION)
     fxx, fxy, fyy = mass_rows(mass, x, y, HESSIAN)
-    bx, by = x - alpha[0], y - alpha[1]
-    a11, a12, a22 = 1 - fxx, -fxy, 1 - fyy
-    det = a11 * a22 - a12 * a12
-    i11, i12, i22 = a22 / det, -a12 / det, a11 / det
-    m11 = i11 * i11 + i12 * i12
-    m12 = i11 * i12 + i12 * i22
-    m22 = i12 * i12 + i22 * i22
-    s11, s12, s22 = np.sum(m11), np.sum(m12), np.sum(m22)
-    t1 = np.sum(m11 * bx + m12 * by)
-    t2 = np.sum(m12 * bx + m22 * by)
-    sdet = s11 * s22 - s12 * s12
-    beta_x = (s22 * t1 - s12 * t2) / sdet
-    beta_y = (s11 * t2 - s12 * t1) / sdet
-    dx, dy = bx - beta_x, by - beta_y
+    (rx, ry), _ = _source_plane_offsets(x - alpha[0], y - alpha[1], fxx, fxy, fyy)
     sigma = float(term.sigma)
-    r = np.concatenate([i11 * dx + i12 * dy, i12 * dx + i22 * dy]) / sigma
+    r = np.concatenate([rx, ry]) / sigma
     n = 2 * x.size
     return float(0.5 * np.dot(r, r) + n * (math.log(sigma) + 0.5 * math.log(2 * math.pi)))
 

@@ -310,6 +310,24 @@ def _locate_host(nodes: ArrayLike, x: ArrayLike, y: ArrayLike) -> tuple[np.ndarr
     return verts, np.ones((), np.int32)
 
 
+def _barycentric_weights(xp, p, verts, x, y):
+    """Barycentric weights `(m, 3)` of points `(x, y)` in the triangles of vertices `p`
+    (`(m, 3, 2)`, node indices `verts`); a point located at a single node (outside the
+    convex hull: `verts` repeats it) or in a degenerate triangle gets `(1, 0, 0)`. `xp` is
+    the array namespace (`jax.numpy`, or NumPy for the Numba backend)."""
+    x0, y0 = p[:, 0, 0], p[:, 0, 1]
+    ax, ay = p[:, 1, 0] - x0, p[:, 1, 1] - y0
+    bx, by = p[:, 2, 0] - x0, p[:, 2, 1] - y0
+    det = ax * by - ay * bx
+    single = (verts[:, 0] == verts[:, 1]) | (det == 0)
+    safe = xp.where(single, 1.0, det)
+    dx, dy = x - x0, y - y0
+    u = (dx * by - dy * bx) / safe
+    v = (ax * dy - ay * dx) / safe
+    w = xp.stack([1 - u - v, u, v], axis=1)
+    return xp.where(single[:, None], xp.asarray([1.0, 0.0, 0.0], dtype=w.dtype), w)
+
+
 class TriangulationGeometry(AbstractGeometry):
     """Nodes at arbitrary source-plane positions, joined by their Delaunay triangulation
     (computed on the host with `scipy.spatial.Delaunay` in a host callback, so it
@@ -362,19 +380,7 @@ class TriangulationGeometry(AbstractGeometry):
             jax.lax.stop_gradient(y),
             vmap_method="sequential",
         )
-        p = self.points[verts]  # (m, 3, 2)
-        x0, y0 = p[:, 0, 0], p[:, 0, 1]
-        ax, ay = p[:, 1, 0] - x0, p[:, 1, 1] - y0
-        bx, by = p[:, 2, 0] - x0, p[:, 2, 1] - y0
-        det = ax * by - ay * bx
-        single = (verts[:, 0] == verts[:, 1]) | (det == 0)
-        safe = jnp.where(single, 1.0, det)
-        dx, dy = x - x0, y - y0
-        u = (dx * by - dy * bx) / safe
-        v = (ax * dy - ay * dx) / safe
-        w = jnp.stack([1 - u - v, u, v], axis=1)
-        one = jnp.zeros_like(w).at[:, 0].set(1.0)
-        w = jnp.where(single[:, None], one, w)
+        w = _barycentric_weights(jnp, self.points[verts], verts, x, y)
         # nodes the host could not triangulate: NaN weights make the evidence invalid
         return verts, jnp.where(ok > 0, w, jnp.nan)
 
