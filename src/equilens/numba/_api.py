@@ -136,9 +136,15 @@ def mass_rows(profile: AbstractMassProfile, x: np.ndarray, y: np.ndarray, what: 
 
 def batch_members(batch: Any) -> list[Any]:
     """The profiles of a `MassBatch`, one per index of its leading axis."""
-    leaves = [leaf for leaf in jax.tree.leaves(batch.profiles) if eqx.is_array(leaf)]
-    n = int(np.shape(leaves[0])[0]) if leaves else 0
-    return [jax.tree.map(lambda a, i=i: a[i], batch.profiles) for i in range(n)]
+    # (sliced as NumPy arrays: indexing a JAX array dispatches a device op per leaf)
+    profiles = object.__getattribute__(batch, "profiles")
+    host = jax.tree.map(lambda a: np.asarray(a) if eqx.is_array(a) else a, profiles)
+    leaves = [leaf for leaf in jax.tree.leaves(host) if isinstance(leaf, np.ndarray)]
+    n = int(leaves[0].shape[0]) if leaves else 0
+    return [
+        jax.tree.map(lambda a, i=i: a[i] if isinstance(a, np.ndarray) else a, host)
+        for i in range(n)
+    ]
 
 
 def light_basis(light: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -160,50 +160,39 @@ def image(
     the Numba kernels and `scipy.fft`. `method` chooses the convolution (see `convolve`)."""
     x, y = _grid_coordinates(grid)
     flux = surface_brightness(system, x, y) * grid.pixel_area
-    if psf is None:
-        return bin_image(grid, flux)
-    s = grid.supersampling
-    sub_shape = (grid.shape[0] * s, grid.shape[1] * s)
-    if isinstance(psf, AbstractPSF):
-        if psf.supersampling == s and s > 1:
-            return bin_image(grid, convolve(flux, _psf_kernel(psf), method))
-        if psf.supersampling != 1:
-            raise ValueError(
-                f"PSF supersampling {psf.supersampling} must be 1 or equal the grid's "
-                f"supersampling {s}"
-            )
-    else:
-        if psf.image_shape == sub_shape and s > 1:
-            return bin_image(grid, convolve(flux, _psf_kernel(psf), method))
-        if psf.image_shape != grid.shape:
-            raise ValueError(
-                f"FFTConvolution prepared for shape {psf.image_shape}, but the grid has shape "
-                f"{grid.shape} (supersampled {sub_shape})"
-            )
-    return convolve(bin_image(grid, flux), _psf_kernel(psf), method)
+    return _render(grid, psf, flux[None], method)[0]
 
 
 def _bin_stack(grid: Grid, sub: np.ndarray) -> np.ndarray:
     return np.stack([bin_image(grid, s) for s in sub]) if grid.supersampling > 1 else sub
 
 
-def _convolve_stack(stack: np.ndarray, kernel: np.ndarray, method: str) -> np.ndarray:
-    return convolve(stack, kernel, method)
-
-
 def _render(grid: Grid, psf: AbstractPSF | FFTConvolution | None, flux: np.ndarray, method: str):
-    """Bins and convolves a stack `(k, ny s, nx s)` of flux images as `image` does."""
+    """Bins and convolves a stack `(k, ny s, nx s)` of flux images with the rules of
+    `LensSystem.image`: a PSF at the grid's supersampling (or an `FFTConvolution` for the
+    supersampled shape) convolves before binning, one at the data pixels after."""
     if psf is None:
         return _bin_stack(grid, flux)
     s = grid.supersampling
     sub_shape = (grid.shape[0] * s, grid.shape[1] * s)
+    if isinstance(psf, AbstractPSF):
+        sub_psf = psf.supersampling == s and s > 1
+        if not sub_psf and psf.supersampling != 1:
+            raise ValueError(
+                f"PSF supersampling {psf.supersampling} must be 1 or equal the grid's "
+                f"supersampling {s}"
+            )
+    else:
+        sub_psf = psf.image_shape == sub_shape and s > 1
+        if not sub_psf and psf.image_shape != grid.shape:
+            raise ValueError(
+                f"FFTConvolution prepared for shape {psf.image_shape}, but the grid has shape "
+                f"{grid.shape} (supersampled {sub_shape})"
+            )
     kernel = _psf_kernel(psf)
-    sub_psf = (
-        psf.supersampling == s if isinstance(psf, AbstractPSF) else psf.image_shape == sub_shape
-    )
-    if sub_psf and s > 1:
-        return _bin_stack(grid, _convolve_stack(flux, kernel, method))
-    return _convolve_stack(_bin_stack(grid, flux), kernel, method)
+    if sub_psf:
+        return _bin_stack(grid, convolve(flux, kernel, method))
+    return convolve(_bin_stack(grid, flux), kernel, method)
 
 
 def linear_images(

@@ -32,7 +32,7 @@ from ..terms import (
 )
 from ..terms._positions import _source_plane_offsets
 from ._api import DEFLECTION, HESSIAN, mass_rows
-from ._image import _psf_kernel, image, linear_images
+from ._image import image, linear_images
 
 TermFunction = Callable[[Any, Any], float]
 _TERMS: dict[type, TermFunction] = {}
@@ -91,8 +91,6 @@ class _HostImaging:
         self.all_pixels = self.pixels.size == self.data.size
         self.inv_noise = 1.0 / self.noise[self.pixels]
         self.log_noise_sum = float(np.sum(np.log(self.noise[self.pixels])))
-        # the PSF as an FFTConvolution's kernel, recovered once
-        self.kernel = _psf_kernel(imaging.convolution)
 
 
 _HOST: dict[int, tuple[weakref.ref, _HostImaging]] = {}
