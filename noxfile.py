@@ -73,6 +73,8 @@ def slow(session: nox.Session) -> None:
 def _pytest(session: nox.Session, marker: str, python: str, precision: str) -> None:
     """pytest on the xdist workers: the tests selected by `marker`, in `precision`."""
     env = {"EQUILENS_TEST_X64": "1" if precision == "float64" else "0"}
+    # (the fast suite compiles at XLA's optimisation level 0: see tests/conftest.py)
+    env["EQUILENS_TEST_FAST_COMPILE"] = "1" if marker == "not slow" else "0"
     env |= _jax_cache(python, precision)
     # the lenstronomy comparisons run in the crosscheck session, which installs lenstronomy
     session.run(

@@ -381,9 +381,11 @@ def test_sparse_route_forward_mode_and_hessian_match_the_dense_route(dataset):
     "mesh,reg",
     [
         ("rect", "constant"),
-        ("adaptive", "adaptive"),
-        ("delaunay", "constant"),
-        ("delaunay", "matern"),
+        # (the host pass runs in float64 whatever JAX's precision: one case checks the
+        # float32 program around it)
+        pytest.param("adaptive", "adaptive", marks=pytest.mark.precision_independent),
+        pytest.param("delaunay", "constant", marks=pytest.mark.precision_independent),
+        pytest.param("delaunay", "matern", marks=pytest.mark.precision_independent),
     ],
 )
 def test_sparse_route_gradient_matches_the_dense_route_in_every_parameter(

@@ -38,6 +38,16 @@ from ._api import (
     register_mass as register_mass,
     supported as supported,
 )
+from ._evidence import (
+    Evidence as Evidence,
+    Rectilinear as Rectilinear,
+    Triangulation as Triangulation,
+    geometry as geometry,
+    invert as invert,
+    register_mesh as register_mesh,
+    register_regularization as register_regularization,
+    regularization_matrix as regularization_matrix,
+)
 from ._image import (
     convolve as convolve,
     coordinates as coordinates,

@@ -71,9 +71,15 @@ def _load() -> None:
 
 
 def supported(cls: type) -> bool:
-    """Whether the Numba backend has kernels for instances of exactly the class `cls`."""
+    """Whether the Numba backend can evaluate instances of exactly the class `cls` (a
+    profile with a kernel, a source mesh, regularization or objective term with a
+    registered function)."""
+    from ._evidence import _MESHES, _REGULARIZATIONS
+    from ._terms import _TERMS
+
     _load()
-    return cls in _MASS or cls in _BASIS or cls in _INTENSITY
+    registries = (_MASS, _BASIS, _INTENSITY, _MESHES, _REGULARIZATIONS, _TERMS)
+    return any(cls in r for r in registries)
 
 
 def _not_implemented(obj: Any) -> NotImplementedError:

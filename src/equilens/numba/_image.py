@@ -200,37 +200,47 @@ def linear_images(
     grid: Grid,
     psf: AbstractPSF | FFTConvolution | None = None,
     method: str = "auto",
+    fields: tuple[str, ...] = ("lens_light", "source"),
 ) -> tuple[Float[np.ndarray, "n_linear ny nx"], Float[np.ndarray, "ny nx"] | None]:
     """The model image of each linear light basis function at unit amplitude and the image
     of the non-linear light (None when every light component is linear), as
-    `system.linear_images(grid, psf)`: `image = sum_k amp_k images[k] + fixed`."""
+    `system.linear_images(grid, psf, fields)`: `image = sum_k amp_k images[k] + fixed`
+    (`fields` restricts both to the light of "lens_light" and/or "source"; with `fields`
+    given, `images` may have no rows)."""
     from ._api import light_basis
 
     # (the light components read directly: equinox wraps each method call of a module
     # in a new bound-method module, which cost more than the kernels of a small image)
     parts = [
         (name, comp)
-        for name in ("lens_light", "source")
+        for name in fields
         for comp in _components(object.__getattribute__(system, name))
         if isinstance(comp, AbstractLinearLightProfile)
     ]
-    if not parts:
+    if not parts and fields == ("lens_light", "source"):
         raise ValueError("the lens system has no linear light component")
     x, y = _grid_coordinates(grid)
     xf, yf = x.reshape(-1), y.reshape(-1)
-    alpha = mass_rows(system.mass, xf, yf, DEFLECTION)
-    bx, by = xf - alpha[0], yf - alpha[1]
-    rows = [
-        light_basis(p, bx, by) if name == "source" else light_basis(p, xf, yf) for name, p in parts
-    ]
-    flux = np.concatenate(rows, axis=0).reshape(-1, *x.shape) * grid.pixel_area
-    images = _render(grid, psf, flux, method)
     others = [
         (name, comp)
-        for name in ("lens_light", "source")
+        for name in fields
         for comp in _components(object.__getattribute__(system, name))
         if not isinstance(comp, AbstractLinearLightProfile)
     ]
+    if any(name == "source" for name, _ in parts + others):
+        alpha = mass_rows(system.mass, xf, yf, DEFLECTION)
+        bx, by = xf - alpha[0], yf - alpha[1]
+    else:
+        bx, by = xf, yf
+    if parts:
+        rows = [
+            light_basis(p, bx, by) if name == "source" else light_basis(p, xf, yf)
+            for name, p in parts
+        ]
+        flux = np.concatenate(rows, axis=0).reshape(-1, *x.shape) * grid.pixel_area
+        images = _render(grid, psf, flux, method)
+    else:
+        images = np.zeros((0, *grid.shape))
     if not others:
         return images, None
     total = np.zeros(xf.size)

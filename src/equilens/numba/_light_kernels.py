@@ -101,28 +101,52 @@ def _cell(edges, v, uniform):
     return i, min(max((v - lo) / (width if width > 0 else 1.0), 0.0), 1.0)
 
 
+@numba.njit(**_OPTIONS)
+@no_type_check
+def _slack(edges, slack):
+    return slack * np.finfo(np.float64).eps * (abs(edges[0]) + abs(edges[edges.size - 1]))
+
+
+@numba.njit(**_OPTIONS)
+@no_type_check
+def _bilinear(xs, ys, xi, yi, uniform, sx, sy):
+    # (the index of the cell's lower-left node, the weights of its four corners: zero
+    # outside the mesh, beyond the slacks `sx`, `sy`): `RectilinearGeometry.interpolation`
+    inside = (xi >= xs[0] - sx) and (xi <= xs[xs.size - 1] + sx)
+    inside = inside and (yi >= ys[0] - sy) and (yi <= ys[ys.size - 1] + sy)
+    ix, tx = _cell(xs, xi, uniform)
+    iy, ty = _cell(ys, yi, uniform)
+    b = iy * xs.size + ix
+    if not inside:
+        return b, 0.0, 0.0, 0.0, 0.0
+    return b, (1 - tx) * (1 - ty), tx * (1 - ty), (1 - tx) * ty, tx * ty
+
+
 @numba.njit(**_PARALLEL)
 @no_type_check
 def rectilinear_values(x, y, out, xs, ys, values, uniform, slack):
     """A rectilinear mesh's values interpolated bilinearly at `(x, y)` (0 outside the
     mesh, beyond `slack` times round-off of its edges: `EDGE_SLACK`)."""
     nx = xs.size
-    eps = np.finfo(np.float64).eps
-    sx = slack * eps * (abs(xs[0]) + abs(xs[nx - 1]))
-    sy = slack * eps * (abs(ys[0]) + abs(ys[ys.size - 1]))
+    sx, sy = _slack(xs, slack), _slack(ys, slack)
     for i in numba.prange(x.size):
-        xi, yi = x[i], y[i]
-        inside = (xi >= xs[0] - sx) and (xi <= xs[nx - 1] + sx)
-        inside = inside and (yi >= ys[0] - sy) and (yi <= ys[ys.size - 1] + sy)
-        if not inside:
+        b, w0, w1, w2, w3 = _bilinear(xs, ys, x[i], y[i], uniform, sx, sy)
+        if w0 == 0.0 and w1 == 0.0 and w2 == 0.0 and w3 == 0.0:
             out[0, i] = 0.0
             continue
-        ix, tx = _cell(xs, xi, uniform)
-        iy, ty = _cell(ys, yi, uniform)
-        b = iy * nx + ix
         out[0, i] = (
-            (1 - tx) * (1 - ty) * values[b]
-            + tx * (1 - ty) * values[b + 1]
-            + (1 - tx) * ty * values[b + nx]
-            + tx * ty * values[b + nx + 1]
+            w0 * values[b] + w1 * values[b + 1] + w2 * values[b + nx] + w3 * values[b + nx + 1]
         )
+
+
+@numba.njit(**_PARALLEL)
+@no_type_check
+def rectilinear_weights(x, y, idx, w, xs, ys, uniform, slack):
+    """The node indices `idx` (`(m, 4)`) and bilinear weights `w` of points `(x, y)` on a
+    rectilinear mesh, as `RectilinearGeometry.interpolation` (zero weights outside)."""
+    nx = xs.size
+    sx, sy = _slack(xs, slack), _slack(ys, slack)
+    for i in numba.prange(x.size):
+        b, w0, w1, w2, w3 = _bilinear(xs, ys, x[i], y[i], uniform, sx, sy)
+        idx[i, 0], idx[i, 1], idx[i, 2], idx[i, 3] = b, b + 1, b + nx, b + nx + 1
+        w[i, 0], w[i, 1], w[i, 2], w[i, 3] = w0, w1, w2, w3

@@ -8,7 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Scalar
+from jaxtyping import Array, Float, Int, Scalar
 
 from .._callback import host_callback
 from .._custom_types import FloatScalar, ScalarLike, as_float
@@ -97,29 +97,35 @@ def _topology_logdet(rows: SparseRows, n: int, order: int, dtype) -> Scalar:
     idx, coef = jax.lax.stop_gradient(rows)
 
     def host(idx, coef):
-        import scipy.sparse as sp
-        from scipy.sparse.linalg import splu
-
-        r = np.repeat(np.arange(idx.shape[0]), idx.shape[1])
-        g = sp.csr_matrix((np.ravel(coef).astype(np.float64), (r, np.ravel(idx))), (len(idx), n))
-        h = (g.T @ g).tocsc()
-        if order == 2:
-            h = (h.T @ h).tocsc()
-        h = (h + RIDGE * sp.identity(n, format="csc")).tocsc()
-        # symmetric ordering, no pivoting: the Cholesky pivots of a positive-definite H0
-        lu = splu(
-            h, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0, options={"SymmetricMode": True}
-        )
-        d = lu.U.diagonal()
-        if np.all(d > 0):
-            value = np.sum(np.log(d))
-        else:  # (round-off in a near-singular H0: the dense, pivoted determinant)
-            sign, value = np.linalg.slogdet(h.toarray())
-            value = value if sign > 0 else np.nan
-        return np.asarray(value, dtype)
+        return np.asarray(topology_logdet(idx, coef, n, order), dtype)
 
     out = jax.ShapeDtypeStruct((), dtype)
     return host_callback(host, out, idx, coef, vmap_method="sequential")
+
+
+def topology_logdet(
+    idx: Int[np.ndarray, "r k"], coef: Float[np.ndarray, "r k"], n: int, order: int
+) -> float:
+    """`log det H0` of `_topology_logdet` for first-difference rows `(idx, coef)` (NumPy):
+    a sparse LU with a symmetric ordering and no pivoting (the Cholesky pivots of a
+    positive-definite `H0`); NaN when `H0` is not positive definite."""
+    import scipy.sparse as sp
+    from scipy.sparse.linalg import splu
+
+    idx = np.asarray(idx)
+    r = np.repeat(np.arange(idx.shape[0]), idx.shape[1])
+    g = sp.csr_matrix((np.ravel(coef).astype(np.float64), (r, np.ravel(idx))), (len(idx), n))
+    h = (g.T @ g).tocsc()
+    if order == 2:
+        h = (h.T @ h).tocsc()
+    h = (h + RIDGE * sp.identity(n, format="csc")).tocsc()
+    lu = splu(h, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0, options={"SymmetricMode": True})
+    d = lu.U.diagonal()
+    if np.all(d > 0):
+        return float(np.sum(np.log(d)))
+    # (round-off in a near-singular H0: the dense, pivoted determinant)
+    sign, value = np.linalg.slogdet(h.toarray())
+    return float(value) if sign > 0 else math.nan
 
 
 def _check_positive(name: str, value: ScalarLike) -> FloatScalar:
@@ -185,6 +191,15 @@ class CurvatureRegularization(AbstractRegularization):
         return _scaled_entries(self.coefficient, geometry, 2)
 
 
+def brightness_weights(xp, signal, inner, outer, power):
+    """`AdaptiveBrightness`'s pixel weights `(inner S + outer (1 - S))^2`, `S` the
+    brightness `signal` clipped to `[0, 1]` and raised to `power` (`xp`: the array
+    namespace, `jax.numpy` or NumPy)."""
+    s = xp.clip(signal, 0.0, 1.0)
+    s = xp.where(s > 0, xp.where(s > 0, s, 1.0) ** power, 0.0)
+    return (inner * s + outer * (1.0 - s)) ** 2
+
+
 class AdaptiveBrightness(AbstractRegularization):
     """Brightness-adaptive gradient regularization (Nightingale, Dye & Massey 2018): pixel
     weights `w_i = (inner * S_i + outer * (1 - S_i))^2` from a source-brightness estimate
@@ -216,9 +231,9 @@ class AdaptiveBrightness(AbstractRegularization):
         self.signal_scale = _check_positive("signal_scale", signal_scale)
 
     def _entries(self, geometry: AbstractGeometry, signal: Float[Array, " n"]) -> SparseSymmetric:
-        s = jnp.clip(signal, 0.0, 1.0)
-        s = jnp.where(s > 0, jnp.where(s > 0, s, 1.0) ** self.signal_scale, 0.0)
-        w = (self.inner_coefficient * s + self.outer_coefficient * (1.0 - s)) ** 2
+        w = brightness_weights(
+            jnp, signal, self.inner_coefficient, self.outer_coefficient, self.signal_scale
+        )
         rows = geometry.gradient_rows()
         idx = rows[0]
         edge_w = 0.5 * (w[idx[:, 0]] + w[idx[:, 1]])
@@ -237,10 +252,22 @@ class AdaptiveBrightness(AbstractRegularization):
         return entries, logdet_psd(entries.todense())
 
 
-def _distances(nodes: Float[Array, "n 2"]) -> Float[Array, "n n"]:
-    d2 = jnp.sum((nodes[:, None, :] - nodes[None, :, :]) ** 2, axis=-1)
+def distances(xp, nodes):
+    """The distances between all pairs of `nodes` (`xp`: the array namespace)."""
+    d2 = xp.sum((nodes[:, None, :] - nodes[None, :, :]) ** 2, axis=-1)
     pos = d2 > 0
-    return jnp.where(pos, jnp.sqrt(jnp.where(pos, d2, 1.0)), 0.0)
+    return xp.where(pos, xp.sqrt(xp.where(pos, d2, 1.0)), 0.0)
+
+
+def matern(xp, r, nu: float):
+    """The unit-variance Matern covariance at scaled distances `r` (`nu` 1/2, 3/2, 5/2)."""
+    if nu == 0.5:
+        return xp.exp(-r)
+    if nu == 1.5:
+        a = math.sqrt(3.0) * r
+        return (1.0 + a) * xp.exp(-a)
+    a = math.sqrt(5.0) * r
+    return (1.0 + a + a * a / 3.0) * xp.exp(-a)
 
 
 def _gp_matrix(
@@ -293,15 +320,7 @@ class MaternKernel(AbstractRegularization):
         self, geometry: AbstractGeometry, signal: Float[Array, " n"]
     ) -> tuple[Float[Array, "n n"], Scalar]:
         del signal
-        r = _distances(geometry.nodes()) / self.scale
-        if self.nu == 0.5:
-            k = jnp.exp(-r)
-        elif self.nu == 1.5:
-            a = math.sqrt(3.0) * r
-            k = (1.0 + a) * jnp.exp(-a)
-        else:
-            a = math.sqrt(5.0) * r
-            k = (1.0 + a + a * a / 3.0) * jnp.exp(-a)
+        k = matern(jnp, distances(jnp, geometry.nodes()) / self.scale, self.nu)
         return _gp_matrix(self.coefficient, k, self.jitter)
 
 
@@ -330,5 +349,5 @@ class ExponentialKernel(AbstractRegularization):
         self, geometry: AbstractGeometry, signal: Float[Array, " n"]
     ) -> tuple[Float[Array, "n n"], Scalar]:
         del signal
-        k = jnp.exp(-_distances(geometry.nodes()) / self.scale)
+        k = matern(jnp, distances(jnp, geometry.nodes()) / self.scale, 0.5)
         return _gp_matrix(self.coefficient, k, self.jitter)

@@ -10,7 +10,7 @@ import abc
 import collections
 import functools
 import threading
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -399,11 +399,17 @@ def gram_entries(
 ) -> SparseSymmetric:
     """`G^T diag(weights) G` (`n x n`) by its entries, for sparse rows `G`: each pair of a
     row's entries once (a pair on one index counted twice, as the product does)."""
-    idx, coef = rows
+    return SparseSymmetric(*gram_values(jnp, *rows, weights), n)
+
+
+def gram_values(xp, idx, coef, weights=None) -> tuple[Any, Any, Any]:
+    """The entries of `gram_entries` (rows, columns, values; flat), for sparse rows `(idx,
+    coef)` and optional row `weights`; `xp` is the array namespace (`jax.numpy`, or NumPy
+    for the Numba backend)."""
     a, b = np.triu_indices(idx.shape[1])
     ia, ib = idx[:, a], idx[:, b]
-    twice = jnp.where((ia == ib) & (a < b)[None, :], 2.0, 1.0)
+    twice = xp.where((ia == ib) & (a < b)[None, :], 2.0, 1.0)
     v = coef[:, a] * coef[:, b] * twice
     if weights is not None:
         v = v * weights[:, None]
-    return SparseSymmetric(ia.reshape(-1), ib.reshape(-1), v.reshape(-1), n)
+    return ia.reshape(-1), ib.reshape(-1), v.reshape(-1)

@@ -1,0 +1,545 @@
+"""The pixelized-source evidence (`equilens.LogEvidence`) with the Numba backend.
+
+The same inversion as `LogEvidence.invert`, from NumPy: the mapped sub-pixels ray-shot
+by the mass kernels, the mesh placed for that model (a function per mesh class,
+`register_mesh`), the interpolation weights (a Numba kernel for rectilinear meshes;
+SciPy's point location and the shared barycentric formula for Delaunay meshes), the
+regularization matrix and its log det (a function per regularization class,
+`register_regularization`), the linear lens light's basis images, and then the "sparse"
+route's tiled Numba kernels and its host Cholesky solve (LAPACK) for the whole system,
+which also gives chi2 + `s^T H s` without the model image. The Numba backend always takes
+this route (the term's own `route` chooses among JAX computations); every route gives
+the same evidence to round-off. The positive-only solve (`nonnegative=True`) is the JAX
+side's algorithm (projected-gradient active set, then the exact solve on it) in NumPy.
+"""
+
+import math
+import weakref
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+import scipy.linalg
+from jaxtyping import Float, Int
+
+from .._lens_system import LensSystem
+from ..regularization import (
+    AdaptiveBrightness,
+    ConstantRegularization,
+    CurvatureRegularization,
+    ExponentialKernel,
+    MaternKernel,
+)
+from ..regularization._regularization import (
+    RIDGE,
+    _rect_entries,
+    brightness_weights,
+    distances,
+    matern,
+    topology_logdet,
+)
+from ..source import (
+    AdaptiveRectangularMesh,
+    DelaunayMesh,
+    PixelizedSource,
+    RectangularMesh,
+)
+from ..source._geometry import (
+    EDGE_SLACK,
+    _barycentric_weights,
+    _locate_host,
+    _rect_rows,
+    _triangulate_host,
+    gram_values,
+)
+from ..source._inversion import _NONNEG_ITERATIONS
+from ..source._sparse import sparse_tables, table_arrays
+from ..terms import LogEvidence
+from ._api import DEFLECTION, mass_rows, scalar
+from ._image import convolve, linear_images
+from ._runtime import _LOCK, host64, run_kernel
+from ._terms import host_imaging, register_term
+
+# --------------------------------------------------------------------------------------
+# source-plane geometries on the host
+# --------------------------------------------------------------------------------------
+
+
+class Rectilinear(NamedTuple):
+    """A rectilinear mesh on the host (`equilens.source.RectilinearGeometry`)."""
+
+    xs: Float[np.ndarray, " nx"]
+    ys: Float[np.ndarray, " ny"]
+    uniform: bool
+
+    @property
+    def n_pixels(self) -> int:
+        return self.xs.size * self.ys.size
+
+    def nodes(self) -> Float[np.ndarray, "n 2"]:
+        y, x = np.meshgrid(self.ys, self.xs, indexing="ij")
+        return np.stack([x.reshape(-1), y.reshape(-1)], axis=1)
+
+    def interpolation(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        from . import _light_kernels as lk
+
+        idx = np.empty((x.size, 4), np.int64)
+        w = np.empty((x.size, 4))
+        with _LOCK:
+            lk.rectilinear_weights(x, y, idx, w, self.xs, self.ys, self.uniform, EDGE_SLACK)
+        return idx, w
+
+
+class Triangulation(NamedTuple):
+    """A Delaunay triangulation on the host (`equilens.source.TriangulationGeometry`):
+    its nodes and its edges (unique pairs; none when SciPy could not triangulate)."""
+
+    points: Float[np.ndarray, "n 2"]
+    edges: Int[np.ndarray, "e 2"]
+
+    @property
+    def n_pixels(self) -> int:
+        return self.points.shape[0]
+
+    def nodes(self) -> Float[np.ndarray, "n 2"]:
+        return self.points
+
+    def interpolation(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        verts, ok = _locate_host(self.points, x, y)
+        w = _barycentric_weights(np, self.points[verts], verts, x, y)
+        # nodes SciPy could not triangulate: NaN weights, an invalid evidence (as in JAX)
+        return verts.astype(np.int64), w if int(ok) else np.full_like(w, np.nan)
+
+    @classmethod
+    def triangulate(cls, points: np.ndarray) -> "Triangulation":
+        edges, weight = _triangulate_host(points)
+        return cls(points, edges[weight > 0].astype(np.int64))
+
+
+Geometry = Rectilinear | Triangulation
+#: `fn(mesh, mass, x, y) -> Geometry` for traced positions `x`, `y` (flat float64).
+MeshFunction = Callable[[Any, Any, np.ndarray, np.ndarray], Geometry]
+#: `fn(regularization, geometry, signal) -> (H, log det H)`, `H` dense `(n, n)` or its
+#: upper-triangle entries `(rows, cols, values)` (each pair once, repeats adding up).
+RegularizationFunction = Callable[[Any, Geometry, np.ndarray], tuple[Any, float]]
+_MESHES: dict[type, MeshFunction] = {}
+_REGULARIZATIONS: dict[type, RegularizationFunction] = {}
+
+
+def register_mesh(cls: type) -> Callable[[MeshFunction], MeshFunction]:
+    """Registers the Numba-backend placement of the source mesh class `cls` (that class
+    only): `fn(mesh, mass, x, y)` returns the mesh's geometry for the mass model `mass`
+    and the traced positions `x`, `y` (flat float64 NumPy) of the mapped image sub-pixels,
+    as a `Rectilinear` or `Triangulation` (`equilens.numba._evidence`)."""
+
+    def decorate(fn: MeshFunction) -> MeshFunction:
+        _MESHES[cls] = fn
+        return fn
+
+    return decorate
+
+
+def register_regularization(
+    cls: type,
+) -> Callable[[RegularizationFunction], RegularizationFunction]:
+    """Registers the Numba-backend regularization matrix of the class `cls` (that class
+    only): `fn(regularization, geometry, signal)` returns `H` and `log det H` (NaN when
+    `H` is not positive definite), `H` a dense `(n, n)` NumPy array or its entries
+    `(rows, cols, values)` (upper triangle, each pair once)."""
+
+    def decorate(fn: RegularizationFunction) -> RegularizationFunction:
+        _REGULARIZATIONS[cls] = fn
+        return fn
+
+    return decorate
+
+
+def _lookup(registry: dict, obj: Any, what: str, register: str):
+    fn = registry.get(type(obj))
+    if fn is None:
+        raise NotImplementedError(
+            f"the Numba backend has no {what} for {type(obj).__name__} "
+            f"({type(obj).__module__}); register one with equilens.numba.{register}"
+        )
+    return fn
+
+
+def geometry(mesh: Any, mass: Any, x: np.ndarray, y: np.ndarray) -> Geometry:
+    """The geometry of the source `mesh` for the mass model `mass` and the traced
+    positions `x`, `y` (flat float64) of the mapped image sub-pixels, as `mesh.geometry`
+    (NumPy: a `Rectilinear` or a `Triangulation`)."""
+    place = _lookup(_MESHES, mesh, "source-mesh placement", "register_mesh")
+    return place(mesh, mass, x, y)
+
+
+def regularization_matrix(
+    regularization: Any, geometry: Geometry, signal: np.ndarray
+) -> tuple[Any, float]:
+    """`H` and `log det H` of `regularization` on `geometry` for the brightness `signal`
+    (as `equilens.source._pixelized.regularization_matrix`): a dense NumPy array or the
+    entries `(rows, cols, values)` of its upper triangle."""
+    fn = _lookup(
+        _REGULARIZATIONS, regularization, "regularization matrix", "register_regularization"
+    )
+    return fn(regularization, geometry, signal)
+
+
+@register_mesh(RectangularMesh)
+def _rectangular(mesh: RectangularMesh, mass: Any, x: np.ndarray, y: np.ndarray) -> Rectilinear:
+    del mass
+    ny, nx = mesh.shape
+    if mesh.bounds is None:
+        x0, x1, y0, y1 = np.min(x), np.max(x), np.min(y), np.max(y)
+    else:
+        x0, x1, y0, y1 = mesh.bounds
+    tx, ty = np.linspace(0.0, 1.0, nx), np.linspace(0.0, 1.0, ny)
+    return Rectilinear(x0 + (x1 - x0) * tx, y0 + (y1 - y0) * ty, True)
+
+
+@register_mesh(AdaptiveRectangularMesh)
+def _adaptive(mesh: AdaptiveRectangularMesh, mass: Any, x: np.ndarray, y: np.ndarray):
+    del mass
+    ny, nx = mesh.shape
+    qx, qy = np.linspace(0.0, 1.0, nx), np.linspace(0.0, 1.0, ny)
+    return Rectilinear(_quantile(x, qx), _quantile(y, qy), False)
+
+
+def _quantile(v: np.ndarray, q: np.ndarray) -> np.ndarray:
+    # jnp.quantile's linear interpolation, in its arithmetic (NumPy's rounds differently)
+    s = np.sort(v)
+    pos = q * (v.size - 1)
+    low = np.floor(pos)
+    high = np.ceil(pos)
+    frac = pos - low
+    lo = s[low.astype(np.int64)]
+    hi = s[high.astype(np.int64)]
+    return lo * (1.0 - frac) + hi * frac
+
+
+@register_mesh(DelaunayMesh)
+def _delaunay(mesh: DelaunayMesh, mass: Any, x: np.ndarray, y: np.ndarray) -> Triangulation:
+    del x, y
+    ix = np.ascontiguousarray(np.asarray(mesh.image_x, np.float64))
+    iy = np.ascontiguousarray(np.asarray(mesh.image_y, np.float64))
+    alpha = mass_rows(mass, ix, iy, DEFLECTION)
+    return Triangulation.triangulate(np.stack([ix - alpha[0], iy - alpha[1]], axis=1))
+
+
+# --------------------------------------------------------------------------------------
+# regularizations
+# --------------------------------------------------------------------------------------
+
+
+def _gradient_rows(geometry: Geometry) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(geometry, Rectilinear):
+        return _rect_rows(geometry.ys.size, geometry.xs.size, 1)
+    idx = geometry.edges
+    return idx, np.tile([1.0, -1.0], (idx.shape[0], 1))
+
+
+def _with_ridge(entries: tuple, ridge: np.ndarray) -> tuple:
+    rows, cols, values = entries
+    nodes = np.arange(ridge.size)
+    return (
+        np.concatenate([rows, nodes]),
+        np.concatenate([cols, nodes]),
+        np.concatenate([values, ridge]),
+    )
+
+
+def _difference_prior(coefficient: float, geometry: Geometry, order: int) -> tuple[Any, float]:
+    # `_scaled_entries` / `_scaled` of equilens.regularization: lambda (G^T G + RIDGE I)
+    n = geometry.n_pixels
+    log_c = n * math.log(coefficient) if coefficient > 0 else math.nan
+    if isinstance(geometry, Rectilinear):
+        r, c, v, logdet0 = _rect_entries(geometry.ys.size, geometry.xs.size, order)
+        return (r, c, coefficient * v), log_c + logdet0
+    rows = _gradient_rows(geometry)
+    logdet0 = topology_logdet(*rows, n, order)
+    if order == 1:
+        r, c, v = _with_ridge(gram_values(np, *rows), np.full(n, RIDGE))
+        return (r, c, coefficient * v), log_c + logdet0
+    # the squared graph Laplacian, dense (as `TriangulationGeometry.curvature_matrix`)
+    lap = np.zeros((n, n))
+    r, c, v = gram_values(np, *rows)
+    np.add.at(lap, (r, c), v)
+    np.add.at(lap, (c, r), np.where(r == c, 0.0, v))
+    h0 = lap.T @ lap + RIDGE * np.eye(n)
+    return coefficient * h0, log_c + logdet0
+
+
+@register_regularization(ConstantRegularization)
+def _constant(reg: ConstantRegularization, geometry: Geometry, signal: np.ndarray):
+    del signal
+    return _difference_prior(scalar(reg, "coefficient"), geometry, 1)
+
+
+@register_regularization(CurvatureRegularization)
+def _curvature(reg: CurvatureRegularization, geometry: Geometry, signal: np.ndarray):
+    del signal
+    return _difference_prior(scalar(reg, "coefficient"), geometry, 2)
+
+
+def _dense(entries: tuple, n: int) -> np.ndarray:
+    rows, cols, values = entries
+    out = np.zeros((n, n))
+    np.add.at(out, (rows, cols), values)
+    np.add.at(out, (cols, rows), np.where(rows == cols, 0.0, values))
+    return out
+
+
+def _logdet_psd(h: np.ndarray) -> float:
+    try:
+        low = np.linalg.cholesky(h)
+    except np.linalg.LinAlgError:
+        return math.nan
+    return float(2.0 * np.sum(np.log(np.diagonal(low))))
+
+
+@register_regularization(AdaptiveBrightness)
+def _adaptive_brightness(reg: AdaptiveBrightness, geometry: Geometry, signal: np.ndarray):
+    names = ("inner_coefficient", "outer_coefficient", "signal_scale")
+    inner, outer, power = (scalar(reg, n) for n in names)
+    w = brightness_weights(np, signal, inner, outer, power)
+    rows = _gradient_rows(geometry)
+    edge_w = 0.5 * (w[rows[0][:, 0]] + w[rows[0][:, 1]])
+    entries = _with_ridge(gram_values(np, *rows, edge_w), RIDGE * w)
+    return entries, _logdet_psd(_dense(entries, geometry.n_pixels))
+
+
+def _gp_prior(coefficient: float, kernel: np.ndarray, jitter: float) -> tuple[Any, float]:
+    # `_gp_matrix` of equilens.regularization: coefficient K^-1 from K's Cholesky factor
+    n = kernel.shape[0]
+    k = kernel + jitter * np.eye(n)
+    try:
+        low = np.linalg.cholesky(k)
+    except np.linalg.LinAlgError:
+        return np.full((n, n), np.nan), math.nan
+    inv_low = scipy.linalg.solve_triangular(low, np.eye(n), lower=True)
+    inv = inv_low.T @ inv_low
+    inv = 0.5 * (inv + inv.T)
+    logdet_k = 2.0 * float(np.sum(np.log(np.diagonal(low))))
+    log_c = n * math.log(coefficient) if coefficient > 0 else math.nan
+    return coefficient * inv, log_c - logdet_k
+
+
+@register_regularization(MaternKernel)
+def _matern(reg: MaternKernel, geometry: Geometry, signal: np.ndarray):
+    del signal
+    r = distances(np, geometry.nodes()) / scalar(reg, "scale")
+    return _gp_prior(scalar(reg, "coefficient"), matern(np, r, reg.nu), reg.jitter)
+
+
+@register_regularization(ExponentialKernel)
+def _exponential(reg: ExponentialKernel, geometry: Geometry, signal: np.ndarray):
+    del signal
+    r = distances(np, geometry.nodes()) / scalar(reg, "scale")
+    return _gp_prior(scalar(reg, "coefficient"), matern(np, r, 0.5), reg.jitter)
+
+
+# --------------------------------------------------------------------------------------
+# the term
+# --------------------------------------------------------------------------------------
+
+
+class _HostEvidence:
+    """A `LogEvidence` term's per-dataset arrays on the host (float64 NumPy), made once
+    per term object: the mapped sub-pixels, the noise, the adapt image and the tile
+    tables (the term's own, or built here when its route does not use them)."""
+
+    def __init__(self, term: LogEvidence):
+        imaging = term.imaging
+        self.imaging = host_imaging(imaging)
+        self.grid = imaging.grid
+        self.pixels = np.asarray(term.pixels, np.int64)
+        self.mapped = np.asarray(term.mapped, np.int64)
+        sub_x, sub_y = (np.asarray(a, np.float64) for a in (term.sub_x, term.sub_y))
+        self.n_mapped, self.s2 = sub_x.shape
+        self.sub_x, self.sub_y = (np.ascontiguousarray(a.reshape(-1)) for a in (sub_x, sub_y))
+        self.adapt = np.asarray(term.adapt, np.float64)
+        noise = self.imaging.noise[self.pixels]
+        self.inv_sigma = 1.0 / noise
+        self.data = self.imaging.data
+        self.norm = float(np.sum(2.0 * np.log(noise)) + math.log(2 * math.pi) * noise.size)
+        self.kernel = np.asarray(imaging.psf.kernel(), np.float64)
+        tables = term.tables
+        if tables is None:
+            tables = sparse_tables(self.kernel, self.grid.shape, self.pixels, self.mapped)
+        self.tables = tuple(host64(*table_arrays(tables)))
+
+
+_HOST: dict[int, tuple[weakref.ref, _HostEvidence]] = {}
+
+
+def _host(term: LogEvidence) -> _HostEvidence:
+    key = id(term)
+    entry = _HOST.get(key)
+    if entry is not None and entry[0]() is term:
+        return entry[1]
+    host = _HostEvidence(term)
+    _HOST[key] = (weakref.ref(term, lambda _, key=key: _HOST.pop(key, None)), host)
+    return host
+
+
+class Evidence(NamedTuple):
+    """The Numba backend's inversion (a subset of `equilens.source.Inversion`, NumPy):
+    the source values on `geometry`'s nodes, the linear amplitudes, the evidence's terms
+    (`fit` is chi2 + `s^T H s`) and the log evidence (`-inf` when the system is
+    singular)."""
+
+    values: np.ndarray
+    amplitudes: np.ndarray
+    geometry: Geometry
+    fit: float
+    log_det_curvature: float
+    log_det_regularization: float
+    noise_normalisation: float
+    log_evidence: float
+
+
+def invert(term: LogEvidence, system: LensSystem) -> Evidence:
+    """`term.invert(system)` with the Numba backend (see the module docstring): the
+    source values, amplitudes and the evidence's terms, as NumPy."""
+    src = object.__getattribute__(system, "source")
+    if not isinstance(src, PixelizedSource):
+        raise TypeError(
+            f"LogEvidence needs a LensSystem whose source is a PixelizedSource, got "
+            f"{type(src).__name__}"
+        )
+    h = _host(term)
+    n_s = src.n_pixels
+    n_r = h.pixels.size
+    if n_s > n_r:
+        raise ValueError(
+            f"the source mesh has {n_s} pixels but the mask only {n_r}: use a coarser "
+            "mesh or a larger mask"
+        )
+    mesh = object.__getattribute__(src, "mesh")
+    regularization = object.__getattribute__(src, "regularization")
+    mass = object.__getattribute__(system, "mass")
+    alpha = mass_rows(mass, h.sub_x, h.sub_y, DEFLECTION)
+    bx, by = h.sub_x - alpha[0], h.sub_y - alpha[1]
+    geo = geometry(mesh, mass, bx, by)
+    idx, w = geo.interpolation(bx, by)
+    k = h.s2 * idx.shape[1]
+    idx = np.ascontiguousarray(idx.reshape(h.n_mapped, k))
+    w = w.reshape(h.n_mapped, k) * (h.grid.pixel_area / h.s2)
+
+    conv = term.imaging.convolution
+    images, fixed = linear_images(system, h.grid, conv, fields=("lens_light",))
+    n_lin = images.shape[0]
+    data = h.data if fixed is None else h.data - fixed.reshape(-1)
+    target = data[h.pixels] * h.inv_sigma
+    light = images.reshape(n_lin, h.data.size)[:, h.pixels] * h.inv_sigma[None, :]
+
+    if type(regularization).uses_signal:
+        total = np.bincount(idx.reshape(-1), (w * h.adapt[:, None]).reshape(-1), n_s)
+        cover = np.bincount(idx.reshape(-1), w.reshape(-1), n_s)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            signal = np.where(cover > 0, total / np.where(cover > 0, cover, 1.0), 0.0)
+        peak = np.max(signal)
+        signal = signal / peak if peak > 0 else np.zeros(n_s)
+    else:
+        signal = np.zeros(n_s)
+    reg, log_det_reg = regularization_matrix(regularization, geo, signal)
+
+    values = np.concatenate([target[:, None], light.T], axis=1)
+    gram, rhs = light @ light.T, light @ target
+    if term.nonnegative:
+        x, log_det, fit = _nonnegative(h, n_s, idx, w, values, reg, gram, rhs, images, fixed)
+    else:
+        from ._host_linalg import _rotate, _system_solved
+
+        if isinstance(reg, tuple):
+            rows, cols, reg_values = reg
+        else:
+            rows = cols = np.zeros(0, np.int64)
+            reg_values = reg
+        x, log_det, fit = _system_solved(
+            idx,
+            w,
+            values,
+            h.inv_sigma,
+            rows,
+            cols,
+            reg_values,
+            gram,
+            rhs,
+            *h.tables,
+            n_s=n_s,
+            keep=False,
+        )[:3]
+        x = _rotate(x, n_s)
+    solved = bool(np.all(np.isfinite(x)) and math.isfinite(log_det) and math.isfinite(log_det_reg))
+    log_ev = -0.5 * (fit + log_det - log_det_reg + h.norm) if solved else -math.inf
+    if not math.isfinite(log_ev):
+        log_ev = -math.inf
+    return Evidence(
+        values=x[n_lin:],
+        amplitudes=x[:n_lin],
+        geometry=geo,
+        fit=float(fit),
+        log_det_curvature=float(log_det),
+        log_det_regularization=float(log_det_reg),
+        noise_normalisation=h.norm,
+        log_evidence=float(log_ev),
+    )
+
+
+def _nonnegative(h, n_s, idx, w, values, reg, gram, rhs, images, fixed):
+    """The positive-only solve (`solve_system` with `nonnegative`, in NumPy) and the
+    evidence's fit term (chi2 + `s^T H s`) from the model image."""
+    curvature, projected = run_kernel("forward", n_s, idx, w, values, h.inv_sigma, *h.tables)
+    dense_reg = _dense(reg, n_s) if isinstance(reg, tuple) else reg
+    a = np.block([[gram, projected[:, 1:].T], [projected[:, 1:], curvature + dense_reg]])
+    b = np.concatenate([rhs, projected[:, 0]])
+    n_lin = gram.shape[0]
+    x, log_det = _positive_solve(a, b, np.arange(a.shape[0]) >= n_lin)
+    if not np.all(np.isfinite(x)):
+        return x, log_det, math.nan
+    amps, s = x[:n_lin], x[n_lin:]
+    ny, nx = h.grid.shape
+    flux = np.zeros(ny * nx)
+    flux[h.mapped] = np.sum(w * s[idx], axis=1)
+    model = convolve(flux.reshape(ny, nx), h.kernel) + np.tensordot(amps, images, axes=1)
+    if fixed is not None:
+        model = model + fixed
+    r = (h.data - model.reshape(-1))[h.pixels] * h.inv_sigma
+    return x, log_det, float(r @ r + s @ (dense_reg @ s))
+
+
+def _positive_solve(a: np.ndarray, b: np.ndarray, constrained: np.ndarray):
+    """`solve_system(a, b, constrained)` of `equilens.source._inversion` in NumPy: Jacobi
+    scaling, the accelerated projected-gradient active set (the same iterations), the
+    exact solve on the free entries; `x` and `log det a` (NaN when `a` is not positive
+    definite)."""
+    d = np.diagonal(a)
+    scale = np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 1.0)
+    a_s, b_s = a * scale[:, None] * scale[None, :], b * scale
+    try:
+        low = np.linalg.cholesky(a_s)
+    except np.linalg.LinAlgError:
+        return np.full(b.shape, np.nan), math.nan
+    log_det = 2.0 * float(np.sum(np.log(np.diagonal(low))))
+    step = 1.0 / np.max(np.sum(np.abs(a_s), axis=1))
+
+    def project(v):
+        return np.where(constrained, np.maximum(v, 0.0), v)
+
+    x = z = project(b_s)
+    t = 1.0
+    for _ in range(_NONNEG_ITERATIONS):
+        x_new = project(z - step * (a_s @ z - b_s))
+        t_new = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * t * t))
+        z = x_new + ((t - 1.0) / t_new) * (x_new - x)
+        x, t = x_new, t_new
+    free = (x > 0) | ~constrained
+    both = free[:, None] & free[None, :]
+    low = np.linalg.cholesky(np.where(both, a_s, np.eye(a.shape[0])))
+    y = scipy.linalg.cho_solve((low, True), np.where(free, b_s, 0.0))
+    return y * scale, log_det - 2.0 * float(np.sum(np.log(scale)))
+
+
+@register_term(LogEvidence)
+def _log_evidence(term: LogEvidence, model: LensSystem) -> float:
+    return -invert(term, model).log_evidence
