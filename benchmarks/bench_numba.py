@@ -10,6 +10,10 @@ pixelated PSF, 0.05" pixels, float64; images of 50x50 to 400x400 pixels.
   threads (`numba.set_num_threads`).
 - The Gaussian likelihood `objective(model)` (jitted) against
   `equilens.numba.value(objective, model)`, amplitudes fitted and solved linearly.
+- The pixelized log-evidence on bench_pixelized.py's data (100x100, 9,504 mask pixels,
+  21x21 PSF; a 32x32 rectangular mesh and a ~1,000-node Delaunay mesh, constant
+  regularization): `LogEvidence(data)(system)` jitted (its "auto" route on a CPU: the
+  sparse host kernels) against `equilens.numba.value(term, system)`, at 1 and 2 threads.
 
 Medians of many calls; the machine's load average is printed with them. Ratios > 1 mean
 the Numba backend is faster. Run with `nox -s bench` or
@@ -112,6 +116,44 @@ def bench_likelihood(repeats: int) -> dict[str, float]:
     return out
 
 
+def bench_evidence(repeats: int) -> dict[str, dict[str, float]]:
+    """The pixelized log-evidence, JAX (jitted) against the Numba backend, per mesh; the
+    calls alternate between the backends."""
+    from bench_pixelized import dataset
+
+    lens, data, _ = dataset()
+    term = el.LogEvidence(data)
+    meshes = {
+        "rectangular 32x32": el.RectangularMesh((32, 32)),
+        "delaunay ~1000": el.DelaunayMesh.from_mask(data.grid, np.asarray(data.mask), 1000),
+    }
+    fn = jax.jit(lambda t, s: t(s))
+    out = {}
+    before = numba.get_num_threads()
+    try:
+        for name, mesh in meshes.items():
+            system = el.LensSystem(
+                mass=lens, source=el.PixelizedSource(mesh, el.ConstantRegularization(1e-3))
+            )
+            ref = float(fn(term, system))
+            got = enb.value(term, system)
+            times = {"jax": [], "numba_1": [], "numba_2": []}
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn(term, system).block_until_ready()
+                times["jax"].append(time.perf_counter() - t0)
+                for threads in (1, 2):
+                    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+                    t0 = time.perf_counter()
+                    enb.value(term, system)
+                    times[f"numba_{threads}"].append(time.perf_counter() - t0)
+            out[name] = {k: statistics.median(v) for k, v in times.items()}
+            out[name]["rel_diff"] = abs(got - ref) / abs(ref)
+    finally:
+        numba.set_num_threads(before)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=100)
@@ -146,6 +188,16 @@ def main() -> None:
         print(
             f"    amplitudes {kind:6s}  JAX {j * ms:7.3f} ms  Numba 1 thr {n1 * ms:7.3f} ms  "
             f"2 thr {n2 * ms:7.3f} ms  Numba(2)/JAX {n2 / j:5.2f}x  2thr/1thr {n1 / n2:5.2f}x"
+        )
+    print(
+        "  Pixelized log-evidence, bench_pixelized.py's data (JAX jitted vs equilens.numba.value):"
+    )
+    for name, r in bench_evidence(max(10, args.repeats // 5)).items():
+        j, n1, n2 = r["jax"], r["numba_1"], r["numba_2"]
+        print(
+            f"    {name:<18} JAX {j * ms:7.1f} ms  Numba 1 thr {n1 * ms:7.1f} ms  "
+            f"2 thr {n2 * ms:7.1f} ms  Numba(2)/JAX {n2 / j:5.2f}x  2thr/1thr {n1 / n2:5.2f}x  "
+            f"rel diff {r['rel_diff']:.1e}"
         )
     print(f"  (load average after the run: {os.getloadavg()[0]:.2f})")
 

@@ -39,20 +39,9 @@ def _pin(cores: str) -> str:
     return "one core"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument(
-        "--warmup", type=int, default=3, help="untimed calls after the first (both libraries)"
-    )
-    parser.add_argument("--cores", choices=["one", "all"], default="one")
-    args = parser.parse_args()
-    pinned = _pin(args.cores)  # before JAX starts its thread pools
-
+def dataset():
+    """The benchmark's lens (an SIE), simulated `Imaging` and 21x21 PSF kernel (NumPy)."""
     import jax
-
-    jax.config.update("jax_enable_x64", True)
-    import equinox as eqx
     import numpy as np
 
     import equilens as el
@@ -72,6 +61,29 @@ def main() -> None:
     data = el.simulate(
         jax.random.key(0), truth, grid, psf, exposure_time=2000.0, sky_level=1.0, mask=mask
     )
+    return lens, data, kernel
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--warmup", type=int, default=3, help="untimed calls after the first (both libraries)"
+    )
+    parser.add_argument("--cores", choices=["one", "all"], default="one")
+    args = parser.parse_args()
+    pinned = _pin(args.cores)  # before JAX starts its thread pools
+
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    import equinox as eqx
+    import numpy as np
+
+    import equilens as el
+
+    lens, data, kernel = dataset()
+    grid, mask = data.grid, np.asarray(data.mask)
     print(
         f"device: {jax.devices()[0].device_kind} ({pinned}); {int(mask.sum())} pixels in the "
         f"mask, PSF {kernel.shape[0]}x{kernel.shape[1]}, float64, median of {args.repeats}"

@@ -433,6 +433,29 @@ def test_term_values_match_jax(name):
     assert got == pytest.approx(want, rel=1e-10, abs=1e-8)
 
 
+def test_image_plane_positions_match_jax():
+    from equilens.lensing import image_positions
+    from equilens.terms import PositionsTerm
+
+    truth, _ = _dataset()
+    images = image_positions(truth.mass, 0.05, 0.02, el.Grid((60, 60), 0.1))
+    assert images.shape[0] >= 2
+    # observed positions: the true images, off by a few milliarcseconds
+    pos = images + np.random.default_rng(2).normal(0.0, 0.003, images.shape)
+    term = PositionsTerm(jnp.asarray(pos[:, 0]), jnp.asarray(pos[:, 1]), 0.005, plane="image")
+    want = float(_jax_value(term, truth))
+    assert np.isfinite(want)
+    assert enb.value(term, truth) == pytest.approx(want, rel=TOL)
+    assert enb.value(term, truth.mass) == pytest.approx(want, rel=TOL)
+    # the lens equation solved from the observed positions reaches the model's images
+    sx, sy = 0.05, 0.02
+    x, y, ok = enb._terms.solve_lens_equation(truth.mass, pos[:, 0], pos[:, 1], sx, sy)
+    assert np.all(ok)
+    bx, by = enb.ray_shoot(truth.mass, x, y)
+    assert np.max(np.hypot(bx - sx, by - sy)) < 1e-12
+    _close(np.stack([x, y], axis=1), images, 1e-9)
+
+
 def test_objective_value_is_the_weighted_sum_as_in_jax():
     truth, imaging = _dataset()
     terms = _terms(truth, imaging)
@@ -451,13 +474,9 @@ def test_objective_value_is_the_weighted_sum_as_in_jax():
 
 
 def test_terms_the_numba_backend_cannot_evaluate_say_so():
-    from equilens.terms import AbstractTerm, PositionsTerm
+    from equilens.terms import AbstractTerm
 
     truth, imaging = _dataset(supersampling=1)
-    with pytest.raises(NotImplementedError, match="plane='source'"):
-        enb.value(
-            PositionsTerm(jnp.array([1.0, -1.0]), jnp.array([0.0, 0.1]), 0.01, plane="image"), truth
-        )
 
     class MyTerm(AbstractTerm):
         def __call__(self, model):
@@ -495,12 +514,7 @@ def test_log_density_is_minus_the_objective_over_the_fit_parameters():
     rng = np.random.default_rng(0)
     vectors = [dens.x0 * rng.uniform(0.97, 1.03, dens.x0.shape) for _ in range(4)]
     for v in vectors:
-        values, start = [], 0
-        for leaf in param.values(model):
-            n = int(np.size(leaf))
-            values.append(jnp.asarray(v[start : start + n]).reshape(np.shape(leaf)))
-            start += n
-        moved = param.with_values(tuple(values), model)
+        moved = _moved(model, param, v)
         assert dens.f(v) == pytest.approx(-float(jax_objective(objective, moved)), rel=1e-10)
     # outside the bounds: -inf; from threads: the serial values
     bad = dens.x0.copy()
@@ -511,6 +525,36 @@ def test_log_density_is_minus_the_objective_over_the_fit_parameters():
     assert threaded == [dens.f(v) for v in vectors] * 2
     with pytest.raises(ValueError, match="parameters"):
         dens.f(dens.x0[:-1])
+    # the backends: "auto" is Numba on a CPU; the JAX function gives the same numbers, and
+    # is what "auto" takes for an objective the Numba backend cannot evaluate
+    assert dens.backend == "numba"
+    on_jax = enb.log_density(objective, model, backend="jax")
+    assert on_jax.backend == "jax" and on_jax.names == dens.names
+    for v in vectors:
+        assert on_jax.f(v) == pytest.approx(dens.f(v), rel=1e-10)
+    assert on_jax.f(bad) == -np.inf
+
+    class Ridge(el.terms.AbstractTerm):
+        def __call__(self, model):
+            return 0.5 * jnp.sum(model.mass.components[1].gamma1 ** 2)
+
+    custom = el.Objective([terms["gaussian_linear"], Ridge()])
+    auto = enb.log_density(custom, model)
+    assert auto.backend == "jax"
+    assert auto.f(vectors[0]) == pytest.approx(
+        -float(_jax_value(custom, _moved(model, param, vectors[0]))), rel=1e-10
+    )
+    with pytest.raises(ValueError, match="backend"):
+        enb.log_density(objective, model, backend="cuda")
+
+
+def _moved(model, param, v):
+    values, start = [], 0
+    for leaf in param.values(model):
+        n = int(np.size(leaf))
+        values.append(jnp.asarray(v[start : start + n]).reshape(np.shape(leaf)))
+        start += n
+    return param.with_values(tuple(values), model)
 
 
 # -- the pixelized evidence ---------------------------------------------------------------

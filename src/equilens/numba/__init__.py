@@ -4,8 +4,10 @@
 `potential`, `hessian`, `convergence`, `ray_shoot`, `magnification`, `intensity`, `basis`
 and `surface_brightness`; `image(system, grid, psf)` equals `system.image(grid, psf)`,
 `linear_images` and `solve_amplitudes` their JAX namesakes, and `value(objective, model)`
-equals `objective(model)` (imaging likelihoods, positions, priors). `log_density(objective,
-model)` makes `-objective` a plain function of a NumPy parameter vector, for samplers.
+equals `objective(model)` for every term (imaging likelihoods, positions in either plane,
+priors, and the pixelized source's `LogEvidence`, whose pieces `invert(term, system)`
+gives). `log_density(objective, model)` makes `-objective` a plain function of a NumPy
+parameter vector, for samplers.
 They are computed by compiled kernels that run `numba.prange` over the pixels (PSF
 convolutions by `scipy.fft` with as many workers, or directly for small kernels), from
 NumPy inputs to float64 NumPy outputs. No JAX tracing and no compilation per shape: the
@@ -19,9 +21,11 @@ Calls from several Python threads are safe (kernel launches are serialised).
 
 Every final class has one kernel, registered by class (exactly that class, not its
 subclasses): `register_mass`, `register_basis` (linear light profiles) and
-`register_intensity`. A class without one raises `NotImplementedError` naming it;
-`supported(cls)` says whether one is registered. All of equilens's `@numba.njit` code
-lives in this subpackage, including the kernels of the pixelized "sparse" route.
+`register_intensity`; source meshes and regularizations likewise (`register_mesh`,
+`register_regularization`), and objective terms (`register_term`). A class without one
+raises `NotImplementedError` naming it; `supported(cls)` says whether one is registered.
+All of equilens's `@numba.njit` code lives in this subpackage, including the kernels of
+the pixelized "sparse" route.
 """
 
 from ._api import (
