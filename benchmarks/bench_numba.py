@@ -13,7 +13,8 @@ pixelated PSF, 0.05" pixels, float64; images of 50x50 to 400x400 pixels.
 - The pixelized log-evidence on bench_pixelized.py's data (100x100, 9,504 mask pixels,
   21x21 PSF; a 32x32 rectangular mesh and a ~1,000-node Delaunay mesh, constant
   regularization): `LogEvidence(data)(system)` jitted (its "auto" route on a CPU: the
-  sparse host kernels) against `equilens.numba.value(term, system)`, at 1 and 2 threads.
+  sparse host kernels) against `equilens.numba.value(term, system)`, at 1 and 2 threads;
+  and from 50x50 to 400x400 images of the same field (a 32x32 mesh).
 
 Medians of many calls; the machine's load average is printed with them. Ratios > 1 mean
 the Numba backend is faster. Run with `nox -s bench` or
@@ -154,6 +155,63 @@ def bench_evidence(repeats: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def bench_evidence_sizes(repeats: int) -> dict[int, dict[str, float]]:
+    """The pixelized log-evidence (32x32 rectangular mesh) from 50x50 to 400x400 images of
+    the same 5" field (pixels of 5"/n, a 3" mask, a 21x21 PSF of FWHM 2.4 pixels):
+    JAX (jitted) against the Numba backend at 1 and 2 threads."""
+    out = {}
+    lens = mass.SIE(theta_E=1.2, e1=0.0, e2=0.0)
+    truth = el.LensSystem(
+        mass=lens,
+        source=light.Sersic(amp=20.0, R_sersic=0.15, n_sersic=1.3, e1=0.1, center_x=0.05),
+    )
+    fn = jax.jit(lambda t, s: t(s))
+    before = numba.get_num_threads()
+    try:
+        for n in SIZES:
+            ps = 5.0 / n
+            grid = el.Grid((n, n), ps)
+            k = np.asarray(el.GaussianPSF(fwhm=2.4 * ps, pixel_scale=ps, truncation=8.0).kernel())
+            pad = (21 - k.shape[0]) // 2
+            kernel = (
+                np.pad(k, pad) if pad > 0 else k[-pad : k.shape[0] + pad, -pad : k.shape[1] + pad]
+            )
+            data = el.simulate(
+                jax.random.key(0),
+                truth,
+                grid,
+                el.PixelPSF(kernel),
+                exposure_time=2000.0,
+                sky_level=1.0,
+                mask=grid.circular_mask(3.0),
+            )
+            term = el.LogEvidence(data)
+            system = el.LensSystem(
+                mass=lens,
+                source=el.PixelizedSource(
+                    el.RectangularMesh((32, 32)), el.ConstantRegularization(1e-3)
+                ),
+            )
+            ref = float(fn(term, system))
+            got = enb.value(term, system)
+            times = {"jax": [], "numba_1": [], "numba_2": []}
+            for _ in range(max(3, repeats * 100 // n)):
+                t0 = time.perf_counter()
+                fn(term, system).block_until_ready()
+                times["jax"].append(time.perf_counter() - t0)
+                for threads in (1, 2):
+                    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+                    t0 = time.perf_counter()
+                    enb.value(term, system)
+                    times[f"numba_{threads}"].append(time.perf_counter() - t0)
+            out[n] = {k: statistics.median(v) for k, v in times.items()}
+            out[n]["mask"] = int(np.asarray(data.mask).sum())
+            out[n]["rel_diff"] = abs(got - ref) / abs(ref)
+    finally:
+        numba.set_num_threads(before)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=100)
@@ -198,6 +256,14 @@ def main() -> None:
             f"    {name:<18} JAX {j * ms:7.1f} ms  Numba 1 thr {n1 * ms:7.1f} ms  "
             f"2 thr {n2 * ms:7.1f} ms  Numba(2)/JAX {n2 / j:5.2f}x  2thr/1thr {n1 / n2:5.2f}x  "
             f"rel diff {r['rel_diff']:.1e}"
+        )
+    print('  Pixelized log-evidence by image size (5" field, 3" mask, 32x32 rectangular mesh):')
+    for n, r in bench_evidence_sizes(max(3, args.repeats // 10)).items():
+        j, n1, n2 = r["jax"], r["numba_1"], r["numba_2"]
+        print(
+            f"    {n:3d}x{n:<3d} {r['mask']:7d} pixels  JAX {j * ms:8.1f} ms  Numba 1 thr "
+            f"{n1 * ms:8.1f} ms  2 thr {n2 * ms:8.1f} ms  Numba(2)/JAX {n2 / j:5.2f}x  "
+            f"2thr/1thr {n1 / n2:5.2f}x  rel diff {r['rel_diff']:.1e}"
         )
     print(f"  (load average after the run: {os.getloadavg()[0]:.2f})")
 

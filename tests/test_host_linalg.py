@@ -92,6 +92,8 @@ def test_lapack_threads_are_capped_and_never_raised(monkeypatch, cap):
     kernels = _kernels()
     monkeypatch.setattr(kernels, "cholesky_envelope", spy(kernels.cholesky_envelope))
     monkeypatch.setattr(_host_linalg, "LAPACK_THREADS", cap)
+    # (LAPACK takes at most half of Numba's threads: as on an 8-thread machine)
+    monkeypatch.setattr(_host_linalg, "_threads", lambda: 8)
     a, b = _spd(30, seed=4)
 
     def loss(a, b):
@@ -107,6 +109,10 @@ def test_lapack_threads_are_capped_and_never_raised(monkeypatch, cap):
     # potri ran, each under min(cap, the 2 threads there were)
     assert len(seen) == 3
     assert all(n == min(cap, 2) for n in seen)
+    # half of Numba's threads, at least one, at most the cap
+    for numba_threads, want in [(1, 1), (2, 1), (5, min(cap, 2)), (16, min(cap, 8))]:
+        monkeypatch.setattr(_host_linalg, "_threads", lambda n=numba_threads: n)
+        assert _host_linalg._lapack_threads() == want
 
 
 def _envelope_spd(n: int, seed: int) -> np.ndarray:

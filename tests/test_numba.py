@@ -639,6 +639,33 @@ def test_log_evidence_of_a_singular_system_is_minus_infinity_on_both_backends():
     assert enb.invert(term, system).log_evidence == -float("inf")
 
 
+def test_bad_input_is_treated_alike_by_both_backends():
+    sie = mass.SIE(theta_E=1.0, e1=0.1)
+    x, y = jnp.linspace(-1.0, 1.0, 3), jnp.linspace(-0.5, 0.5, 4)
+    # mismatched grids: a TypeError naming the shapes (JAX's from its arithmetic, or from
+    # the shape annotations when jaxtyping checks them, as in these tests)
+    with pytest.raises(TypeError, match=r"\(3,\)"):
+        sie.deflection(x, y)
+    with pytest.raises(TypeError, match=r"\(3,\)"):
+        enb.deflection(sie, np.asarray(x), np.asarray(y))
+    # (without the annotations' check, the Numba backend's own: JAX's words)
+    with pytest.raises(TypeError, match=r"incompatible shapes for broadcasting: \(3,\), \(4,\)"):
+        enb._api._flat(np.asarray(x), np.asarray(y))
+    # a PSF of even size is refused where it is made, for both backends
+    with pytest.raises(ValueError, match="odd side lengths"):
+        el.PixelPSF(np.ones((4, 4)))
+    # a NaN parameter: NaN on both (never a finite number), and an infinite likelihood
+    bad = mass.SIE(theta_E=float("nan"), e1=0.1)
+    assert np.all(np.isnan(enb.deflection(bad, np.asarray(x), np.asarray(x))))
+    assert np.all(np.isnan(np.asarray(bad.deflection(x, x))))
+    truth, imaging = _dataset()
+    model = eqx.tree_at(lambda m: m.mass.components[0], truth, bad)
+    term = el.GaussianLikelihood(imaging)
+    want = float(_jax_value(term, model))
+    got = enb.value(term, model)
+    assert not np.isfinite(want) and not np.isfinite(got)
+
+
 def test_log_evidence_errors_are_those_of_jax():
     from equilens import source
 

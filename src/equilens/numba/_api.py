@@ -125,7 +125,13 @@ def _writable(a: np.ndarray) -> np.ndarray:
 
 def _flat(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    shape = np.broadcast_shapes(x.shape, y.shape)
+    try:
+        shape = np.broadcast_shapes(x.shape, y.shape)
+    except ValueError:
+        # (the JAX methods' error: a TypeError from their first arithmetic)
+        raise TypeError(
+            f"x and y got incompatible shapes for broadcasting: {x.shape}, {y.shape}"
+        ) from None
     if x.shape != shape or y.shape != shape:
         x, y = np.broadcast_to(x, shape).copy(), np.broadcast_to(y, shape).copy()
     return _writable(x.reshape(-1)), _writable(y.reshape(-1)), shape

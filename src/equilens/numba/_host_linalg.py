@@ -10,7 +10,8 @@ reverse-mode rule keeps the upper Cholesky factor `U` of `S a S` and forms
 `a^-1 = S (S a S)^-1 S` from it (LAPACK `potri`): `bbar = a^-1 xbar`,
 `abar = lbar a^-1 - bbar x^T`. A matrix that is not positive definite gives NaN `x` and log
 det, and a zero cotangent (callers mask the NaN evidence). LAPACK runs on at most
-`LAPACK_THREADS` BLAS threads (`equilens.numba._runtime`).
+`LAPACK_THREADS` BLAS threads (`equilens.numba._runtime`), and at most half of Numba's
+(`_lapack_threads`).
 
 `sparse_system_solve` does the same for the sparse route's whole system (curvature matrix
 from the tile kernels, regularization, linear light) in one host call, without the scaling
@@ -36,7 +37,17 @@ from jaxtyping import Array, Float, Int, Scalar
 from .._callback import host_callback
 from ..source._geometry import SparseSymmetric
 from ..source._sparse import SparseTables, table_arrays
-from ._runtime import LAPACK_THREADS, blas_threads, host64, run_kernel
+from ._runtime import LAPACK_THREADS, _threads, blas_threads, host64, run_kernel
+
+
+def _lapack_threads() -> int:
+    """BLAS threads for the host solve's LAPACK calls: half of Numba's threads, at least
+    one and at most `LAPACK_THREADS`. BLAS's worker threads spin for a while after a call
+    and then take cores from the next call's Numba kernels: on 2 cores, LAPACK on 2
+    threads was no faster than on 1 and made the next tile kernel 1.5-2.5x slower
+    (the evidence on 2 Numba threads 17.8 -> 12.4 ms with 1); on 16 cores, 8 were the
+    fastest (docs/performance.md)."""
+    return max(1, min(LAPACK_THREADS, _threads() // 2))
 
 
 @functools.cache
@@ -105,7 +116,7 @@ def _solve_factored(
     not positive definite."""
     # (unscaled, the forward half of the solve runs inside the factorisation)
     y = None if scaled else np.array(b, np.float64)
-    with blas_threads(LAPACK_THREADS):
+    with blas_threads(_lapack_threads()):
         u, scale, start = _factor(a, start, split, triangular, scaled, y)
     if u is None:
         return np.full(b.shape[0], np.nan), np.nan, None, scale, start
@@ -128,7 +139,7 @@ def _inverse(
     factor's zeros in the rest of the upper triangle)."""
     from ._sparse_kernels import inverse_envelope
 
-    with blas_threads(LAPACK_THREADS):
+    with blas_threads(_lapack_threads()):
         if start is not None:
             # (a zero x_bar, as for the evidence, which reads x only through the misfit:
             # no solve)
