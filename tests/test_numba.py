@@ -493,7 +493,7 @@ def test_terms_the_numba_backend_cannot_evaluate_say_so():
         enb.value(el.GaussianLikelihood(imaging), pixelized)
 
 
-def test_log_density_is_minus_the_objective_over_the_fit_parameters():
+def test_log_density_is_minus_the_objective_over_the_fit_parameters(monkeypatch):
     from equilens.objective import functions
 
     truth, imaging = _dataset()
@@ -546,6 +546,11 @@ def test_log_density_is_minus_the_objective_over_the_fit_parameters():
     )
     with pytest.raises(ValueError, match="backend"):
         enb.log_density(objective, model, backend="cuda")
+    # "auto" leaves a parametric image of more than AUTO_MAX_PIXELS (supersampled) to JAX
+    grid = imaging.grid
+    assert grid.shape[0] * grid.shape[1] * grid.supersampling**2 <= enb._terms.AUTO_MAX_PIXELS
+    monkeypatch.setattr(enb._terms, "AUTO_MAX_PIXELS", grid.shape[0] * grid.shape[1])
+    assert enb.log_density(objective, model).backend == "jax"
 
 
 def _moved(model, param, v):

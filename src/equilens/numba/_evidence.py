@@ -57,7 +57,7 @@ from ..source._sparse import sparse_tables, table_arrays
 from ..terms import LogEvidence
 from ._api import DEFLECTION, mass_rows, scalar
 from ._image import convolve, linear_images
-from ._runtime import _LOCK, host64, run_kernel
+from ._runtime import _LOCK, blas_threads, host64, run_kernel
 from ._terms import host_imaging, register_term
 
 # --------------------------------------------------------------------------------------
@@ -426,11 +426,16 @@ def invert(term: LogEvidence, system: LensSystem) -> Evidence:
     w = w.reshape(h.n_mapped, k) * (h.grid.pixel_area / h.s2)
 
     conv = term.imaging.convolution
-    images, fixed = linear_images(system, h.grid, conv, fields=("lens_light",))
-    n_lin = images.shape[0]
-    data = h.data if fixed is None else h.data - fixed.reshape(-1)
-    target = data[h.pixels] * h.inv_sigma
-    light = images.reshape(n_lin, h.data.size)[:, h.pixels] * h.inv_sigma[None, :]
+    # (NumPy's products on one BLAS thread, as `equilens.numba._terms.term_value`'s; the
+    # host solve sets its LAPACK calls' own)
+    with blas_threads(1):
+        images, fixed = linear_images(system, h.grid, conv, fields=("lens_light",))
+        n_lin = images.shape[0]
+        data = h.data if fixed is None else h.data - fixed.reshape(-1)
+        target = data[h.pixels] * h.inv_sigma
+        light = images.reshape(n_lin, h.data.size)[:, h.pixels] * h.inv_sigma[None, :]
+        values = np.concatenate([target[:, None], light.T], axis=1)
+        gram, rhs = light @ light.T, light @ target
 
     if type(regularization).uses_signal:
         total = np.bincount(idx.reshape(-1), (w * h.adapt[:, None]).reshape(-1), n_s)
@@ -443,10 +448,9 @@ def invert(term: LogEvidence, system: LensSystem) -> Evidence:
         signal = np.zeros(n_s)
     reg, log_det_reg = regularization_matrix(regularization, geo, signal)
 
-    values = np.concatenate([target[:, None], light.T], axis=1)
-    gram, rhs = light @ light.T, light @ target
     if term.nonnegative:
-        x, log_det, fit = _nonnegative(h, n_s, idx, w, values, reg, gram, rhs, images, fixed)
+        with blas_threads(1):
+            x, log_det, fit = _nonnegative(h, n_s, idx, w, values, reg, gram, rhs, images, fixed)
     else:
         from ._host_linalg import _rotate, _system_solved
 

@@ -52,8 +52,9 @@ LAPACK_THREADS = 8
 
 
 # BLAS's thread count is process-wide: limits are set and restored one at a time (two
-# overlapping limits restored out of order would leave BLAS at the inner one's count).
-_BLAS_LOCK = threading.Lock()
+# overlapping limits restored out of order would leave BLAS at the inner one's count); a
+# limit may nest inside another of the same thread (it can only lower the count).
+_BLAS_LOCK = threading.RLock()
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ from ..terms import (
     AbstractTerm,
     GaussianLikelihood,
     GaussianPrior,
+    LogEvidence,
     PoissonLikelihood,
     PositionsTerm,
     PositionsThreshold,
@@ -34,6 +35,7 @@ from ..terms import (
 from ..terms._positions import _source_plane_offsets
 from ._api import DEFLECTION, HESSIAN, mass_rows
 from ._image import image, linear_images
+from ._runtime import blas_threads
 
 TermFunction = Callable[[Any, Any], float]
 _TERMS: dict[type, TermFunction] = {}
@@ -58,7 +60,14 @@ def term_value(term: AbstractTerm, model: PyTree[Any]) -> float:
             f"the Numba backend has no evaluation of the term {type(term).__name__}; "
             "register one with equilens.numba.register_term"
         )
-    return fn(term, model)
+    if type(term) is LogEvidence:  # (which sets BLAS's threads itself)
+        return fn(term, model)
+    # NumPy's products on the host (normal equations, model images, chi2) on one BLAS
+    # thread: BLAS's workers spin between calls and took the cores from the Numba kernels'
+    # threads (on 2 cores, a 128x140 likelihood took 9.5 ms with two BLAS threads and
+    # 1.5 ms with one)
+    with blas_threads(1):
+        return fn(term, model)
 
 
 def values(objective: Objective, model: PyTree[Any]) -> Float[np.ndarray, " n_terms"]:
@@ -162,6 +171,13 @@ def solve_amplitudes(
     `equilens.terms.solve_amplitudes` (Jacobi-scaled normal equations, Cholesky; with
     `nonnegative`, the same Lawson-Hanson active set and the exact solve on it). A
     degenerate basis gives NaN amplitudes."""
+    with blas_threads(1):  # (see term_value)
+        return _solve_amplitudes(system, imaging, nonnegative)
+
+
+def _solve_amplitudes(
+    system: LensSystem, imaging: Imaging, nonnegative: bool
+) -> tuple[Float[np.ndarray, " n_linear"], Float[np.ndarray, "ny nx"]]:
     host = host_imaging(imaging)
     images, fixed = linear_images(system, host.grid, host.convolution)
     flat = images.reshape(images.shape[0], -1)
@@ -190,7 +206,7 @@ def model_image(term: Any, system: LensSystem) -> np.ndarray:
             f"{type(term).__name__} cannot solve a PixelizedSource: use equilens.LogEvidence"
         )
     if term.linear:
-        return solve_amplitudes(system, term.imaging, nonnegative=term.nonnegative)[1]
+        return _solve_amplitudes(system, term.imaging, term.nonnegative)[1]
     host = host_imaging(term.imaging)
     return image(system, host.grid, host.convolution)
 
@@ -319,6 +335,26 @@ def _uniform_prior(term: UniformPrior, model: Any) -> float:
 # --------------------------------------------------------------------------------------
 
 
+#: `log_density(backend="auto")` on a CPU leaves objectives with a parametric imaging term
+#: whose image (supersampled) has more pixels than this to JAX: at 100x100 the two
+#: backends' images and likelihoods cost about the same, at 128x140 (the HST lens of
+#: examples/nested_sampling_hst.py) JAX's likelihood took 1.19 ms and Numba's 1.39 ms, at
+#: 200x200 and 400x400 JAX's image is 1.4x and 1.8x faster (benchmarks/bench_numba.py, 2
+#: cores). The pixelized evidence is as fast or faster on the Numba backend at every size
+#: measured (50x50 to 400x400).
+AUTO_MAX_PIXELS = 128 * 128
+
+
+def _parametric_pixels(objective: Objective) -> int:
+    """The most (supersampled) pixels of the objective's parametric imaging terms."""
+    most = 0
+    for term in objective.terms:
+        if isinstance(term, GaussianLikelihood | PoissonLikelihood):
+            grid = term.imaging.grid
+            most = max(most, grid.shape[0] * grid.shape[1] * grid.supersampling**2)
+    return most
+
+
 class LogDensity(NamedTuple):
     """`log_density(objective, model, ...)`'s result: `f(vector) -> float`, the start
     `x0`, one name per entry of the vector, each entry's `(lower, upper)` bounds, and the
@@ -353,11 +389,12 @@ def log_density(
 
     `backend`: "numba" (`value(objective, model)`), "jax" (the jitted `objective`, on
     JAX's default device, in JAX's precision) or "auto" (default): JAX on an accelerator;
-    on a CPU the Numba backend, which `benchmarks/bench_numba.py` measured as fast as
-    JAX's per call for the parametric likelihood (0.97-1.10x of its time at 100x100 on 2
-    cores) and faster for the pixelized evidence, and which needs no compilation per
-    objective, unless it cannot evaluate the objective (a class without a Numba kernel:
-    JAX then).
+    on a CPU the Numba backend (as fast per call as JAX for the parametric likelihood at
+    100x100 pixels, as fast or faster for the pixelized evidence at every size, and no
+    compilation per objective: `benchmarks/bench_numba.py`), except for an objective with
+    a parametric imaging term of more than `AUTO_MAX_PIXELS` (128^2) supersampled pixels
+    (JAX's image is 1.4-1.8x faster at 200^2-400^2) or with a class the Numba backend
+    cannot evaluate (tried once at `x0`): JAX then. `LogDensity.backend` says which.
     """
     if backend not in ("auto", "numba", "jax"):
         raise ValueError(f"backend must be 'auto', 'numba' or 'jax', got {backend!r}")
@@ -404,6 +441,8 @@ def log_density(
         from ._runtime import numba_available
 
         backend = "numba" if jax.default_backend() == "cpu" and numba_available() else "jax"
+        if _parametric_pixels(objective) > AUTO_MAX_PIXELS:
+            backend = "jax"
         if backend == "numba":
             try:  # (one evaluation: a class without a Numba kernel leaves it to JAX)
                 numba_value(x0)
