@@ -83,6 +83,27 @@ def bench_size(n: int, repeats: int) -> dict[str, float]:
     return out
 
 
+def alternate(jax_call, numba_call, repeats: int) -> dict[str, float]:
+    """Median seconds of `jax_call()` and of `numba_call()` on 1 and 2 Numba threads, the
+    calls alternating (so that changes of the machine's load hit all three alike); Numba's
+    thread count is restored afterwards."""
+    times = {"jax": [], "numba_1": [], "numba_2": []}
+    before = numba.get_num_threads()
+    try:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax_call()
+            times["jax"].append(time.perf_counter() - t0)
+            for threads in (1, 2):
+                numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+                t0 = time.perf_counter()
+                numba_call()
+                times[f"numba_{threads}"].append(time.perf_counter() - t0)
+    finally:
+        numba.set_num_threads(before)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def bench_likelihood(repeats: int) -> dict[str, float]:
     """`objective(model)` (jitted, JAX) against `equilens.numba.value(objective, model)`
     for a Gaussian likelihood on the 100x100 problem, amplitudes fitted and solved.
@@ -92,28 +113,19 @@ def bench_likelihood(repeats: int) -> dict[str, float]:
     system, grid, psf = setup(100)
     data = el.simulate(jax.random.key(0), system, grid, psf, exposure_time=1000.0, sky_level=1.0)
     out = {}
-    before = numba.get_num_threads()
-    try:
-        for linear in (False, True):
-            objective = el.Objective(el.GaussianLikelihood(data, linear=linear))
-            arrays, static = eqx.partition((objective, system), eqx.is_array)
-            fn = jax.jit(lambda a, static=static: (lambda o, m: o(m))(*eqx.combine(a, static)))
-            ref = float(fn(arrays))
-            assert abs(enb.value(objective, system) - ref) < 1e-9 * abs(ref)
-            times = {"jax": [], "numba_1": [], "numba_2": []}
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                fn(arrays).block_until_ready()
-                times["jax"].append(time.perf_counter() - t0)
-                for threads in (1, 2):
-                    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-                    t0 = time.perf_counter()
-                    enb.value(objective, system)
-                    times[f"numba_{threads}"].append(time.perf_counter() - t0)
-            for key, ts in times.items():
-                out[f"{key}_{'linear' if linear else 'fitted'}"] = statistics.median(ts)
-    finally:
-        numba.set_num_threads(before)
+    for linear in (False, True):
+        objective = el.Objective(el.GaussianLikelihood(data, linear=linear))
+        arrays, static = eqx.partition((objective, system), eqx.is_array)
+        fn = jax.jit(lambda a, static=static: (lambda o, m: o(m))(*eqx.combine(a, static)))
+        ref = float(fn(arrays))
+        assert abs(enb.value(objective, system) - ref) < 1e-9 * abs(ref)
+        times = alternate(
+            lambda fn=fn, arrays=arrays: fn(arrays).block_until_ready(),
+            lambda objective=objective: enb.value(objective, system),
+            repeats,
+        )
+        for key, t in times.items():
+            out[f"{key}_{'linear' if linear else 'fitted'}"] = t
     return out
 
 
@@ -130,28 +142,18 @@ def bench_evidence(repeats: int) -> dict[str, dict[str, float]]:
     }
     fn = jax.jit(lambda t, s: t(s))
     out = {}
-    before = numba.get_num_threads()
-    try:
-        for name, mesh in meshes.items():
-            system = el.LensSystem(
-                mass=lens, source=el.PixelizedSource(mesh, el.ConstantRegularization(1e-3))
-            )
-            ref = float(fn(term, system))
-            got = enb.value(term, system)
-            times = {"jax": [], "numba_1": [], "numba_2": []}
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                fn(term, system).block_until_ready()
-                times["jax"].append(time.perf_counter() - t0)
-                for threads in (1, 2):
-                    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-                    t0 = time.perf_counter()
-                    enb.value(term, system)
-                    times[f"numba_{threads}"].append(time.perf_counter() - t0)
-            out[name] = {k: statistics.median(v) for k, v in times.items()}
-            out[name]["rel_diff"] = abs(got - ref) / abs(ref)
-    finally:
-        numba.set_num_threads(before)
+    for name, mesh in meshes.items():
+        system = el.LensSystem(
+            mass=lens, source=el.PixelizedSource(mesh, el.ConstantRegularization(1e-3))
+        )
+        ref = float(fn(term, system))
+        got = enb.value(term, system)
+        out[name] = alternate(
+            lambda term=term, system=system: fn(term, system).block_until_ready(),
+            lambda term=term, system=system: enb.value(term, system),
+            repeats,
+        )
+        out[name]["rel_diff"] = abs(got - ref) / abs(ref)
     return out
 
 
@@ -166,49 +168,37 @@ def bench_evidence_sizes(repeats: int) -> dict[int, dict[str, float]]:
         source=light.Sersic(amp=20.0, R_sersic=0.15, n_sersic=1.3, e1=0.1, center_x=0.05),
     )
     fn = jax.jit(lambda t, s: t(s))
-    before = numba.get_num_threads()
-    try:
-        for n in SIZES:
-            ps = 5.0 / n
-            grid = el.Grid((n, n), ps)
-            k = np.asarray(el.GaussianPSF(fwhm=2.4 * ps, pixel_scale=ps, truncation=8.0).kernel())
-            pad = (21 - k.shape[0]) // 2
-            kernel = (
-                np.pad(k, pad) if pad > 0 else k[-pad : k.shape[0] + pad, -pad : k.shape[1] + pad]
-            )
-            data = el.simulate(
-                jax.random.key(0),
-                truth,
-                grid,
-                el.PixelPSF(kernel),
-                exposure_time=2000.0,
-                sky_level=1.0,
-                mask=grid.circular_mask(3.0),
-            )
-            term = el.LogEvidence(data)
-            system = el.LensSystem(
-                mass=lens,
-                source=el.PixelizedSource(
-                    el.RectangularMesh((32, 32)), el.ConstantRegularization(1e-3)
-                ),
-            )
-            ref = float(fn(term, system))
-            got = enb.value(term, system)
-            times = {"jax": [], "numba_1": [], "numba_2": []}
-            for _ in range(max(3, repeats * 100 // n)):
-                t0 = time.perf_counter()
-                fn(term, system).block_until_ready()
-                times["jax"].append(time.perf_counter() - t0)
-                for threads in (1, 2):
-                    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-                    t0 = time.perf_counter()
-                    enb.value(term, system)
-                    times[f"numba_{threads}"].append(time.perf_counter() - t0)
-            out[n] = {k: statistics.median(v) for k, v in times.items()}
-            out[n]["mask"] = int(np.asarray(data.mask).sum())
-            out[n]["rel_diff"] = abs(got - ref) / abs(ref)
-    finally:
-        numba.set_num_threads(before)
+    for n in SIZES:
+        ps = 5.0 / n
+        grid = el.Grid((n, n), ps)
+        k = np.asarray(el.GaussianPSF(fwhm=2.4 * ps, pixel_scale=ps, truncation=8.0).kernel())
+        pad = (21 - k.shape[0]) // 2
+        kernel = np.pad(k, pad) if pad > 0 else k[-pad : k.shape[0] + pad, -pad : k.shape[1] + pad]
+        data = el.simulate(
+            jax.random.key(0),
+            truth,
+            grid,
+            el.PixelPSF(kernel),
+            exposure_time=2000.0,
+            sky_level=1.0,
+            mask=grid.circular_mask(3.0),
+        )
+        term = el.LogEvidence(data)
+        system = el.LensSystem(
+            mass=lens,
+            source=el.PixelizedSource(
+                el.RectangularMesh((32, 32)), el.ConstantRegularization(1e-3)
+            ),
+        )
+        ref = float(fn(term, system))
+        got = enb.value(term, system)
+        out[n] = alternate(
+            lambda term=term, system=system: fn(term, system).block_until_ready(),
+            lambda term=term, system=system: enb.value(term, system),
+            max(3, repeats * 100 // n),
+        )
+        out[n]["mask"] = int(np.asarray(data.mask).sum())
+        out[n]["rel_diff"] = abs(got - ref) / abs(ref)
     return out
 
 

@@ -14,7 +14,6 @@ side's algorithm (projected-gradient active set, then the exact solve on it) in 
 """
 
 import math
-import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -57,7 +56,7 @@ from ..source._sparse import sparse_tables, table_arrays
 from ..terms import LogEvidence
 from ._api import DEFLECTION, mass_rows, scalar
 from ._image import convolve, linear_images
-from ._runtime import _LOCK, blas_threads, host64, run_kernel
+from ._runtime import _LOCK, blas_threads, host64, per_object, run_kernel
 from ._terms import host_imaging, register_term
 
 # --------------------------------------------------------------------------------------
@@ -368,17 +367,11 @@ class _HostEvidence:
         self.tables = tuple(host64(*table_arrays(tables)))
 
 
-_HOST: dict[int, tuple[weakref.ref, _HostEvidence]] = {}
+_HOST: dict = {}
 
 
 def _host(term: LogEvidence) -> _HostEvidence:
-    key = id(term)
-    entry = _HOST.get(key)
-    if entry is not None and entry[0]() is term:
-        return entry[1]
-    host = _HostEvidence(term)
-    _HOST[key] = (weakref.ref(term, lambda _, key=key: _HOST.pop(key, None)), host)
-    return host
+    return per_object(_HOST, term, _HostEvidence)
 
 
 class Evidence(NamedTuple):

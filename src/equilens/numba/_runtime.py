@@ -9,6 +9,9 @@ import contextlib
 import functools
 import os
 import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -97,3 +100,16 @@ def run_kernel(name: str, *args, **kwargs):
     threads)."""
     with _LOCK, blas_threads(1):
         return getattr(_kernels(), name)(_threads(), *args, **kwargs)
+
+
+def per_object(cache: dict, obj: Any, make: Callable[[Any], Any]) -> Any:
+    """`make(obj)`, made once per live object: kept in `cache` under `id(obj)` while `obj`
+    lives (a weak reference drops the entry with it, so a new object at a reused id is
+    never served an old one's)."""
+    key = id(obj)
+    entry = cache.get(key)
+    if entry is not None and entry[0]() is obj:
+        return entry[1]
+    value = make(obj)
+    cache[key] = (weakref.ref(obj, lambda _, key=key: cache.pop(key, None)), value)
+    return value

@@ -6,7 +6,6 @@ class (`register_term`); `value(objective, model)` is the weighted sum, as
 """
 
 import math
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -35,7 +34,7 @@ from ..terms import (
 from ..terms._positions import _source_plane_offsets
 from ._api import DEFLECTION, HESSIAN, mass_rows
 from ._image import image, linear_images
-from ._runtime import blas_threads
+from ._runtime import blas_threads, per_object
 
 TermFunction = Callable[[Any, Any], float]
 _TERMS: dict[type, TermFunction] = {}
@@ -103,18 +102,12 @@ class _HostImaging:
         self.log_noise_sum = float(np.sum(np.log(self.noise[self.pixels])))
 
 
-_HOST: dict[int, tuple[weakref.ref, _HostImaging]] = {}
+_HOST: dict = {}
 
 
 def host_imaging(imaging: Imaging) -> _HostImaging:
     """The host arrays of `imaging` (cached while `imaging` lives)."""
-    key = id(imaging)
-    entry = _HOST.get(key)
-    if entry is not None and entry[0]() is imaging:
-        return entry[1]
-    host = _HostImaging(imaging)
-    _HOST[key] = (weakref.ref(imaging, lambda _, key=key: _HOST.pop(key, None)), host)
-    return host
+    return per_object(_HOST, imaging, _HostImaging)
 
 
 def _nnls(g: np.ndarray, h: np.ndarray) -> np.ndarray:
