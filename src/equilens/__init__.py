@@ -24,7 +24,8 @@ from ._math import (
     ellipticity_from_q_phi as ellipticity_from_q_phi,
     q_phi_from_ellipticity as q_phi_from_ellipticity,
 )
-from .data import Imaging as Imaging, simulate as simulate
+from ._multiband import MultiBandLensSystem as MultiBandLensSystem
+from .data import Imaging as Imaging, MultiBandImaging as MultiBandImaging, simulate as simulate
 from .objective import Objective as Objective, select as select
 from .psf import GaussianPSF as GaussianPSF, PixelPSF as PixelPSF
 from .regularization import (
@@ -51,6 +52,7 @@ from .terms import (
     GaussianLikelihood as GaussianLikelihood,
     GaussianPrior as GaussianPrior,
     LogEvidence as LogEvidence,
+    MultiBandTerm as MultiBandTerm,
     PoissonLikelihood as PoissonLikelihood,
     PositionsTerm as PositionsTerm,
     PositionsThreshold as PositionsThreshold,

@@ -111,6 +111,13 @@ class Imaging(eqx.Module):
     def pixel_scale(self) -> float:
         return self.grid.pixel_scale
 
+    def shifted(self, dx: float, dy: float) -> "Imaging":
+        """The same dataset with its grid moved by `(dx, dy)` arcsec on the sky (e.g. a
+        band's registration offset from the model's reference frame)."""
+        g = self.grid
+        grid = Grid(g.shape, g.pixel_scale, (g.origin[0] + dx, g.origin[1] + dy), g.supersampling)
+        return eqx.tree_at(lambda im: im.grid, self, grid)
+
     def cropped(self, margin: int | None = None) -> "Imaging":
         """The smallest sub-image holding the mask plus `margin` pixels on each side
         (default: the PSF kernel's half-width, at the data resolution), with the grid's

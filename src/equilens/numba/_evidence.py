@@ -537,6 +537,6 @@ def _positive_solve(a: np.ndarray, b: np.ndarray, constrained: np.ndarray):
     return y * scale, log_det - 2.0 * float(np.sum(np.log(scale)))
 
 
-@register_term(LogEvidence)
+@register_term(LogEvidence, sets_threads=True)
 def _log_evidence(term: LogEvidence, model: LensSystem) -> float:
     return -invert(term, model).log_evidence

@@ -17,6 +17,7 @@ import scipy.special
 from jaxtyping import Bool, Float, PyTree
 
 from .._lens_system import LensSystem
+from .._multiband import MultiBandLensSystem
 from ..data import Imaging
 from ..mass import AbstractMassProfile
 from ..objective import Objective
@@ -25,7 +26,7 @@ from ..terms import (
     AbstractTerm,
     GaussianLikelihood,
     GaussianPrior,
-    LogEvidence,
+    MultiBandTerm,
     PoissonLikelihood,
     PositionsTerm,
     PositionsThreshold,
@@ -38,14 +39,21 @@ from ._runtime import blas_threads, per_object
 
 TermFunction = Callable[[Any, Any], float]
 _TERMS: dict[type, TermFunction] = {}
+#: Term classes whose evaluation sets BLAS's threads itself (see `term_value`).
+_OWN_THREADS: set[type] = set()
 
 
-def register_term(cls: type) -> Callable[[TermFunction], TermFunction]:
+def register_term(
+    cls: type, *, sets_threads: bool = False
+) -> Callable[[TermFunction], TermFunction]:
     """Registers `fn(term, model) -> float`, the Numba-backend value of the term class
-    `cls` (exactly that class)."""
+    `cls` (exactly that class). `term_value` runs `fn` with BLAS on one thread unless
+    `sets_threads` (the function chooses BLAS's threads itself)."""
 
     def decorate(fn: TermFunction) -> TermFunction:
         _TERMS[cls] = fn
+        if sets_threads:
+            _OWN_THREADS.add(cls)
         return fn
 
     return decorate
@@ -59,7 +67,7 @@ def term_value(term: AbstractTerm, model: PyTree[Any]) -> float:
             f"the Numba backend has no evaluation of the term {type(term).__name__}; "
             "register one with equilens.numba.register_term"
         )
-    if type(term) is LogEvidence:  # (which sets BLAS's threads itself)
+    if type(term) in _OWN_THREADS:
         return fn(term, model)
     # NumPy's products on the host (normal equations, model images, chi2) on one BLAS
     # thread: BLAS's workers spin between calls and took the cores from the Numba kernels'
@@ -229,7 +237,7 @@ def _poisson(term: PoissonLikelihood, model: LensSystem) -> float:
 
 
 def _mass_of(model: Any) -> AbstractMassProfile:
-    return model.mass if isinstance(model, LensSystem) else model
+    return model.mass if isinstance(model, LensSystem | MultiBandLensSystem) else model
 
 
 #: The lens-equation solve's tolerance (arcsec) and most Newton steps, as
@@ -275,6 +283,11 @@ def solve_lens_equation(
         ok[todo[small & ~failed]] = True
         done[todo[small | failed]] = True
     return x, y, ok
+
+
+@register_term(MultiBandTerm, sets_threads=True)  # (each band's term sets them)
+def _multiband(term: MultiBandTerm, model: MultiBandLensSystem) -> float:
+    return math.fsum(term_value(t, s) for t, s in zip(term.terms, term._bands(model), strict=True))
 
 
 @register_term(PositionsTerm)
@@ -342,9 +355,10 @@ def _parametric_pixels(objective: Objective) -> int:
     """The most (supersampled) pixels of the objective's parametric imaging terms."""
     most = 0
     for term in objective.terms:
-        if isinstance(term, GaussianLikelihood | PoissonLikelihood):
-            grid = term.imaging.grid
-            most = max(most, grid.shape[0] * grid.shape[1] * grid.supersampling**2)
+        for t in term.terms if isinstance(term, MultiBandTerm) else (term,):
+            if isinstance(t, GaussianLikelihood | PoissonLikelihood):
+                grid = t.imaging.grid
+                most = max(most, grid.shape[0] * grid.shape[1] * grid.supersampling**2)
     return most
 
 

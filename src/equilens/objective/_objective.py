@@ -7,7 +7,20 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PyTree, Scalar
 
-from ..terms import AbstractImagingTerm, AbstractLeastSquaresTerm, AbstractTerm
+from ..terms import (
+    AbstractDataTerm,
+    AbstractImagingTerm,
+    AbstractLeastSquaresTerm,
+    AbstractTerm,
+    MultiBandTerm,
+)
+
+
+def least_squares_term(term: AbstractTerm) -> bool:
+    """Whether `term` has whitened residuals (a multi-band term: all of its bands)."""
+    if isinstance(term, MultiBandTerm):
+        return term.least_squares
+    return isinstance(term, AbstractLeastSquaresTerm)
 
 
 class Objective(eqx.Module):
@@ -53,7 +66,7 @@ class Objective(eqx.Module):
     @property
     def least_squares(self) -> bool:
         """True when every term has whitened residuals (Levenberg-Marquardt applies)."""
-        return all(isinstance(t, AbstractLeastSquaresTerm) for t in self.terms)
+        return all(least_squares_term(t) for t in self.terms)
 
     def residuals(self, model: PyTree[Any]) -> Float[Array, " n"]:
         """Whitened residuals of all terms, each scaled by `sqrt(weight)`, concatenated.
@@ -61,7 +74,9 @@ class Objective(eqx.Module):
         Raises `TypeError` if a term is not a least-squares term."""
         parts = []
         for w, t in zip(self.weights, self.terms, strict=True):
-            if not isinstance(t, AbstractLeastSquaresTerm):
+            if not isinstance(t, AbstractLeastSquaresTerm | MultiBandTerm) or not (
+                least_squares_term(t)
+            ):
                 raise TypeError(
                     f"{type(t).__name__} has no least-squares form (no whitened residuals): "
                     "use a minimiser (e.g. solver='bfgs') instead of Levenberg-Marquardt"
@@ -73,34 +88,47 @@ class Objective(eqx.Module):
         """`objective - 0.5 |residuals|^2` (least-squares objectives only)."""
         out = jnp.zeros((), self.weights.dtype)
         for w, t in zip(self.weights, self.terms, strict=True):
-            if not isinstance(t, AbstractLeastSquaresTerm):
+            if not isinstance(t, AbstractLeastSquaresTerm | MultiBandTerm) or not (
+                least_squares_term(t)
+            ):
                 raise TypeError(f"{type(t).__name__} is not a least-squares term")
             out = out + w * t.constant()
         return out
 
+    def data_terms(self) -> tuple[AbstractDataTerm, ...]:
+        """The likelihood terms (imaging terms, multi-band terms), in order."""
+        return tuple(t for t in self.terms if isinstance(t, AbstractDataTerm))
+
     def imaging_terms(self) -> tuple[AbstractImagingTerm, ...]:
-        return tuple(t for t in self.terms if isinstance(t, AbstractImagingTerm))
+        """Every single-band imaging term, those inside a `MultiBandTerm` included."""
+        out: list[AbstractImagingTerm] = []
+        for t in self.data_terms():
+            if isinstance(t, MultiBandTerm):
+                out.extend(t.terms)
+            elif isinstance(t, AbstractImagingTerm):
+                out.append(t)
+        return tuple(out)
 
     def complete(self, model: PyTree[Any]) -> PyTree[Any]:
-        """`model` with the linear amplitudes solved by the first imaging term that solves
-        them (`linear=True`); unchanged if none does."""
-        for t in self.imaging_terms():
-            if t.linear:
+        """`model` with the linear parts solved by the first data term that solves them
+        (`linear=True`); unchanged if none does."""
+        for t in self.data_terms():
+            if t.solves_linear:
                 return t.complete(model)
         return model
 
     def solves_linear(self) -> bool:
-        """Whether an imaging term solves the linear amplitudes (so they are not fitted)."""
-        return any(t.linear for t in self.imaging_terms())
+        """Whether a data term solves linear parts of the model (so they are not fitted)."""
+        return any(t.solves_linear for t in self.data_terms())
 
     def chi2(self, model: PyTree[Any]) -> Scalar:
-        """Sum of the imaging terms' chi2 (normalised residuals squared over their masks)."""
+        """Sum of the data terms' chi2 (normalised residuals squared over their masks)."""
         out = jnp.zeros((), self.weights.dtype)
-        for t in self.imaging_terms():
+        for t in self.data_terms():
             out = out + t.chi2(model)
         return out
 
     @property
     def n_data(self) -> int:
-        """Number of data pixels in the imaging terms."""
-        return sum(t.n_data for t in self.imaging_terms())
+        """Number of data pixels in the data terms."""
+        return sum(t.n_data for t in self.data_terms())

@@ -280,15 +280,46 @@ def _as_list(model: PyTree[Any], mask: PyTree[bool]) -> list[bool]:
 
 
 def linear_leaves(model: PyTree[Any], objective: Any) -> PyTree[bool] | None:
-    """True at the amplitudes the objective's imaging terms solve linearly."""
+    """True at the leaves a fit never varies because the objective or the model sets them:
+    the amplitudes the objective's imaging terms solve linearly, and the shape parameters a
+    `MultiBandLensSystem` ties to band 0."""
     from .._lens_system import LensSystem
+    from .._multiband import MultiBandLensSystem
 
+    if isinstance(model, MultiBandLensSystem):
+        mask = model.tied()
+        if not objective.solves_linear():
+            return mask
+        for i in range(model.n_bands):
+            for name in ("source", "lens_light"):
+                if getattr(model, name) is None:
+                    continue
+                amps = _band_linear(model, name, i)
+                mask = jtu.tree_map(lambda a, b: a or b, mask, amps)
+        return mask
     if not objective.solves_linear() or not isinstance(model, LensSystem):
         return None
     comps = model.linear_components()
     if not comps:
         return None
     return select(model, lambda s: [c.amp for c in s.linear_profiles()])
+
+
+def _band_linear(model: Any, name: str, i: int) -> PyTree[bool]:
+    """True at the amplitudes of the linear light components of band `i`'s `name` field."""
+    from .._lens_system import _light_components
+    from ..light import AbstractLinearLightProfile
+
+    profile = getattr(model, name)[i]
+    picks = [c for c in _light_components(profile) if isinstance(c, AbstractLinearLightProfile)]
+    if not picks:
+        return jtu.tree_map(lambda _: False, model)
+
+    def where(m):
+        comps = _light_components(getattr(m, name)[i])
+        return [c.amp for c in comps if isinstance(c, AbstractLinearLightProfile)]
+
+    return select(model, where)
 
 
 class ObjectiveFunctions(eqx.Module):

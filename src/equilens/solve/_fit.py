@@ -17,8 +17,9 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
 from ..objective import Objective, Parametrisation
+from ..objective._objective import least_squares_term
 from ..objective._params import Bounds, Where, linear_leaves
-from ..terms import AbstractLeastSquaresTerm as AbstractLST, UniformPrior
+from ..terms import UniformPrior
 from ._result import RESULTS, FitResult
 
 SolverLike = (
@@ -65,7 +66,7 @@ def _resolve(
         obj, name = solver, type(solver).__name__
     if isinstance(obj, optx.AbstractLeastSquaresSolver):
         if not objective.least_squares:
-            bad = [type(t).__name__ for t in objective.terms if not isinstance(t, AbstractLST)]
+            bad = [type(t).__name__ for t in objective.terms if not least_squares_term(t)]
             raise ValueError(
                 f"{name} is a least-squares solver, but {', '.join(bad)} has no whitened "
                 "residuals: use a minimiser such as solver='bfgs', 'lbfgs' or 'adam'"
@@ -325,9 +326,14 @@ def _prepare(objective, model, solver, free, bounds, max_steps, rtol, atol):
 
 def _n_linear(objective: Objective, model) -> int:
     from .._lens_system import LensSystem
+    from .._multiband import MultiBandLensSystem
 
-    if objective.solves_linear() and isinstance(model, LensSystem):
+    if not objective.solves_linear():
+        return 0
+    if isinstance(model, LensSystem):
         return int(model.amplitudes().shape[0])
+    if isinstance(model, MultiBandLensSystem):
+        return sum(int(s.amplitudes().shape[0]) for s in model.bands())
     return 0
 
 

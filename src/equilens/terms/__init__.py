@@ -6,6 +6,7 @@ Least-squares terms also expose whitened residuals `r` with `value = 0.5 sum r^2
 """
 
 from ._base import (
+    AbstractDataTerm as AbstractDataTerm,
     AbstractLeastSquaresTerm as AbstractLeastSquaresTerm,
     AbstractTerm as AbstractTerm,
 )
@@ -17,6 +18,7 @@ from ._imaging import (
     PoissonLikelihood as PoissonLikelihood,
     solve_amplitudes as solve_amplitudes,
 )
+from ._multiband import MultiBandTerm as MultiBandTerm
 from ._positions import (
     PositionsTerm as PositionsTerm,
     PositionsThreshold as PositionsThreshold,

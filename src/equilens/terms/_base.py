@@ -22,6 +22,30 @@ class AbstractTerm(eqx.Module):
         """The term's value (a negative log probability) for `model`."""
 
 
+class AbstractDataTerm(AbstractTerm):
+    """A likelihood of data given the model (as opposed to a prior): it reports its chi2
+    and number of data, and may solve part of the model linearly at every evaluation (light
+    amplitudes, a pixelized source), which `complete` fills in."""
+
+    @property
+    @abc.abstractmethod
+    def solves_linear(self) -> bool:
+        """Whether the term solves part of the model linearly (not fitted by a solver)."""
+
+    @property
+    @abc.abstractmethod
+    def n_data(self) -> int:
+        """Number of data (pixels) the term compares with the model."""
+
+    @abc.abstractmethod
+    def complete(self, model: PyTree[Any]) -> PyTree[Any]:
+        """`model` with what the term solves linearly filled in."""
+
+    @abc.abstractmethod
+    def chi2(self, model: PyTree[Any]) -> Scalar:
+        """Sum of the squared normalised residuals over the data."""
+
+
 class AbstractLeastSquaresTerm(AbstractTerm):
     """A term of the form `0.5 sum r^2 + constant` with whitened residuals `r`: Gaussian
     likelihoods and priors. Least-squares solvers (Levenberg-Marquardt) need every term of

@@ -12,7 +12,7 @@ from jaxtyping import Array, Bool, Float, Int, Scalar
 from .._lens_system import LensSystem
 from ..data import Imaging
 from ..source import PixelizedSource
-from ._base import AbstractLeastSquaresTerm, AbstractTerm
+from ._base import AbstractDataTerm, AbstractLeastSquaresTerm
 
 
 def _used_pixels(imaging: Imaging) -> Int[Array, " n"]:
@@ -124,7 +124,7 @@ def solve_amplitudes(
     return system.with_amplitudes(amps), image
 
 
-class AbstractImagingTerm(AbstractTerm):
+class AbstractImagingTerm(AbstractDataTerm):
     """A likelihood of an `Imaging` dataset given a `LensSystem` model.
 
     `model_image(system)` is the model the likelihood compares with the data; with
@@ -150,6 +150,11 @@ class AbstractImagingTerm(AbstractTerm):
     def n_data(self) -> int:
         """Number of pixels in the mask."""
         return int(self.pixels.shape[0])
+
+    @property
+    def solves_linear(self) -> bool:
+        """`linear`: whether the term solves the linear amplitudes (a pixelized source)."""
+        return self.linear
 
     @abc.abstractmethod
     def chi2(self, system: LensSystem) -> Scalar:

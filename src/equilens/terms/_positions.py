@@ -9,6 +9,7 @@ from jaxtyping import Array, ArrayLike, Float, Scalar
 
 from .._custom_types import as_float
 from .._lens_system import LensSystem
+from .._multiband import MultiBandLensSystem
 from ..lensing import solve_lens_equation
 from ..mass import AbstractMassProfile
 from ._base import AbstractLeastSquaresTerm
@@ -71,8 +72,10 @@ class PositionsTerm(AbstractLeastSquaresTerm):
         if self.plane not in ("source", "image"):
             raise ValueError(f"PositionsTerm.plane must be 'source' or 'image', got {self.plane!r}")
 
-    def residuals(self, model: LensSystem | AbstractMassProfile) -> Float[Array, " n"]:
-        mass = model.mass if isinstance(model, LensSystem) else model
+    def residuals(
+        self, model: LensSystem | MultiBandLensSystem | AbstractMassProfile
+    ) -> Float[Array, " n"]:
+        mass = model.mass if isinstance(model, LensSystem | MultiBandLensSystem) else model
         bx, by = mass.ray_shoot(self.x, self.y)
         fxx, fxy, _, fyy = mass.hessian(self.x, self.y)
         (rx, ry), (beta_x, beta_y) = _source_plane_offsets(bx, by, fxx, fxy, fyy)
@@ -119,8 +122,10 @@ class PositionsThreshold(AbstractLeastSquaresTerm):
                 f"{self.x.shape} and {self.y.shape}"
             )
 
-    def residuals(self, model: LensSystem | AbstractMassProfile) -> Float[Array, " n"]:
-        mass = model.mass if isinstance(model, LensSystem) else model
+    def residuals(
+        self, model: LensSystem | MultiBandLensSystem | AbstractMassProfile
+    ) -> Float[Array, " n"]:
+        mass = model.mass if isinstance(model, LensSystem | MultiBandLensSystem) else model
         bx, by = mass.ray_shoot(self.x, self.y)
         d2 = (bx - jnp.mean(bx)) ** 2 + (by - jnp.mean(by)) ** 2
         t2 = self.threshold * self.threshold
