@@ -2,6 +2,7 @@
 
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import equinox as eqx
@@ -10,7 +11,8 @@ import numpy as np
 from jaxtyping import PyTree
 
 from .._lens_system import LensSystem
-from ..light import LightSum
+from .._multiband import MultiBandLensSystem
+from ..light import AbstractLightProfile, LightSum
 from ..mass import MassSum
 from ..source import PixelizedSource
 from ._result import FitResult
@@ -31,15 +33,35 @@ def load(path: str | os.PathLike, like: PyTree[Any]) -> PyTree[Any]:
     return eqx.tree_deserialise_leaves(str(path), like)
 
 
-def _components(system: LensSystem) -> list[tuple[str, int, Any]]:
+def _components(node: Any) -> tuple[Any, ...]:
+    return node.components if isinstance(node, (MassSum, LightSum)) else (node,)
+
+
+def _entries(system: LensSystem | MultiBandLensSystem) -> list[dict[str, Any]]:
+    """One entry per component: its field, index, band (multi-band light), the path
+    prefix of its parameters in `FitResult.names`, and the prefix of the copy whose
+    parameters it shares (band 0's, for a shared multi-band field), and the component."""
     out = []
     for field in ("mass", "lens_light", "source"):
         node = getattr(system, field)
         if node is None:
             continue
-        comps = node.components if isinstance(node, (MassSum, LightSum)) else (node,)
-        for i, c in enumerate(comps):
-            out.append((field, i, c))
+        per_band = isinstance(system, MultiBandLensSystem) and field != "mass"
+        for band, sub in enumerate(node if per_band else (node,)):
+            base = f"{field}[{band}]" if per_band else field
+            shared = f"{field}[0]" if per_band and field in system.shared else base
+            for i, comp in enumerate(_components(sub)):
+                inner = f".components[{i}]" if isinstance(sub, (MassSum, LightSum)) else ""
+                out.append(
+                    {
+                        "field": field,
+                        "index": i,
+                        "band": band if per_band else None,
+                        "prefix": base + inner,
+                        "shared_prefix": shared + inner,
+                        "component": comp,
+                    }
+                )
     return out
 
 
@@ -48,41 +70,59 @@ def _plain(x: Any) -> Any:
     return a.item() if a.ndim == 0 else a.tolist()
 
 
-def result_to_dict(result: FitResult) -> dict[str, Any]:
-    """A JSON-ready summary of a fit of a `LensSystem`: per component its field
-    (`mass`, `lens_light`, `source`), index, class name and every parameter by keyword name
-    with its 1-sigma error (None for parameters held fixed; amplitudes solved linearly are
-    marked `"linear"`), plus chi2, reduced chi2, steps, status (`success`, and `notes` saying why a
-    result is implausible) and wall time."""
+def _band_fields(comp: Any) -> tuple[str, ...]:
+    from .._multiband import _band_fields as fields
+
+    return fields(comp) if isinstance(comp, AbstractLightProfile) else ()
+
+
+def result_to_dict(result: FitResult, band_names: Sequence[str] | None = None) -> dict[str, Any]:
+    """A JSON-ready summary of a fit of a `LensSystem` or a `MultiBandLensSystem`: per
+    component its field (`mass`, `lens_light`, `source`), index, class name and every
+    parameter by keyword name with its 1-sigma error (None for parameters held fixed;
+    amplitudes solved linearly are marked `"linear"`), plus chi2, reduced chi2, steps,
+    status (`success`, and `notes` saying why a result is implausible) and wall time.
+
+    For a multi-band model each light component also names its `band` (`band_names`, e.g.
+    `MultiBandTerm.names`; default the band's index): its amplitudes are that band's, and
+    the shape parameters of a shared field are reported in every band with the error of
+    the one shared parameter."""
     system = result.model
-    if not isinstance(system, LensSystem):
+    if not isinstance(system, LensSystem | MultiBandLensSystem):
         raise TypeError("result_to_dict needs the result of fitting a LensSystem")
     errors = dict(zip(result.names, np.asarray(result.errors).tolist(), strict=True))
-    solved = set(system.linear_components()) if result.n_linear else set()
+    if isinstance(system, MultiBandLensSystem):
+        names = list(band_names) if band_names is not None else list(range(system.n_bands))
+        if len(names) != system.n_bands:
+            raise ValueError(f"{len(names)} band names for {system.n_bands} bands")
+        bands = system.bands()
+        solved = [set(b.linear_components()) if result.n_linear else set() for b in bands]
+    else:
+        names = []
+        solved = [set(system.linear_components()) if result.n_linear else set()]
     comps = []
-    for field, i, comp in _components(system):
-        prefix = field
-        node = getattr(system, field)
-        if isinstance(node, (MassSum, LightSum)):
-            prefix = f"{field}.components[{i}]"
+    for e in _entries(system):
+        field, i, comp, band = e["field"], e["index"], e["component"], e["band"]
         params = {}
         leaves = jtu.tree_flatten_with_path(comp)[0]
         if isinstance(comp, PixelizedSource):  # its values go to a FITS image, not the JSON
             leaves = jtu.tree_flatten_with_path(comp.regularization)[0]
             leaves = [((jtu.GetAttrKey("regularization"), *p), v) for p, v in leaves]
+        own = _band_fields(comp)
         for path, leaf in leaves:
             name = jtu.keystr(path).lstrip(".")
+            prefix = e["prefix"] if name.split(".")[0] in own else e["shared_prefix"]
             full = f"{prefix}.{name}"
             if np.ndim(leaf) == 0:
                 err = errors.get(full)
             else:
                 err = [errors.get(f"{full}[{k}]") for k in range(np.size(leaf))]
-                err = None if all(e is None for e in err) else err
-            params[name] = {
-                "value": _plain(leaf),
-                "error": "linear" if name == "amp" and (field, i) in solved else err,
-            }
+                err = None if all(x is None for x in err) else err
+            linear = name == "amp" and (field, i) in solved[band or 0]
+            params[name] = {"value": _plain(leaf), "error": "linear" if linear else err}
         entry = {"field": field, "index": i, "class": type(comp).__name__, "parameters": params}
+        if band is not None:
+            entry["band"] = names[band]
         if isinstance(comp, PixelizedSource):
             entry["mesh"] = type(comp.mesh).__name__
             entry["regularization"] = type(comp.regularization).__name__
@@ -105,9 +145,15 @@ def result_to_dict(result: FitResult) -> dict[str, Any]:
     }
 
 
-def write_json(path: str | os.PathLike, result: FitResult, **extra: Any) -> None:
-    """Writes `result_to_dict(result)` (plus `extra` keys) to `path` as indented JSON."""
-    out = result_to_dict(result)
+def write_json(
+    path: str | os.PathLike,
+    result: FitResult,
+    band_names: Sequence[str] | None = None,
+    **extra: Any,
+) -> None:
+    """Writes `result_to_dict(result, band_names)` (plus `extra` keys) to `path` as
+    indented JSON."""
+    out = result_to_dict(result, band_names)
     out.update(extra)
     with open(path, "w") as f:
         json.dump(out, f, indent=2, allow_nan=True)
