@@ -39,7 +39,7 @@ BANDS = [
 ]
 
 bands = []
-for k, (name, scale, fwhm, side, lens_amp, source_amp) in enumerate(BANDS):
+for k, (_, scale, fwhm, side, lens_amp, source_amp) in enumerate(BANDS):
     truth = el.LensSystem(
         mass=lens_mass,
         lens_light=light.Sersic(amp=lens_amp, **lens_shape),

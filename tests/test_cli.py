@@ -184,3 +184,93 @@ def test_unknown_command_exits_nonzero():
     with pytest.raises(SystemExit) as err:
         main(["nonsense"])
     assert err.value.code != 0
+
+
+@pytest.fixture(scope="module")
+def band_file(tmp_path_factory):
+    """Two bands of one lens in one multi-extension FITS file (a bluer, sharper band 0 at
+    0.06"/pixel and a redder band 1 at 0.1"/pixel with a wider PSF)."""
+    folder = tmp_path_factory.mktemp("bands")
+    hdus = [fits.PrimaryHDU()]
+    for k, (name, scale, fwhm, side, lens_amp, source_amp) in enumerate(
+        [("G", 0.06, 0.12, 50, 3.0, 15.0), ("R", 0.1, 0.25, 30, 8.0, 10.0)]
+    ):
+        truth = el.LensSystem(
+            mass=mass.SIE(theta_E=1.0, e1=0.08, e2=-0.04) + mass.ExternalShear(0.03, -0.01),
+            lens_light=light.Sersic(amp=lens_amp, R_sersic=0.5, n_sersic=3.0, e1=0.05),
+            source=light.Sersic(amp=source_amp, R_sersic=0.12, n_sersic=1.2, center_x=0.05),
+        )
+        grid = el.Grid((side, side), scale)
+        psf = el.GaussianPSF(fwhm, scale)
+        data = el.simulate(jax.random.key(k), truth, grid, psf, exposure_time=1500.0, sky_level=0.5)
+        hdus += [
+            fits.ImageHDU(np.asarray(data.data), name=f"{name}_FLUX"),
+            fits.ImageHDU(np.asarray(data.noise_map), name=f"{name}_RMS"),
+            fits.ImageHDU(np.asarray(psf.kernel()), name=f"{name}_PSF"),
+        ]
+    path = str(folder / "bands.fits")
+    fits.HDUList(hdus).writeto(path)
+    return path
+
+
+def _band_args(path, names=("G", "R")):
+    out = ["fit"]
+    for n in names:
+        out += ["--band", f"{path}[{n}_FLUX]", f"{path}[{n}_RMS]", f"{path}[{n}_PSF]"]
+    return out
+
+
+@pytest.mark.slow
+def test_fit_command_fits_bands_jointly(band_file, tmp_path):
+    out = tmp_path / "joint.json"
+    argv = [
+        *_band_args(band_file),
+        "--band-pixel-scales", "0.06,0.1",
+        "--band-names", "G,R",
+        "--mask-radius", "1.4",
+        "--lens-light", "sersic",
+        "--json", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    sie = result["components"][0]["parameters"]
+    assert abs(sie["theta_E"]["value"] - 1.0) < 5 * sie["theta_E"]["error"] + 2e-3
+    sources = [c for c in result["components"] if c["field"] == "source"]
+    assert [c["band"] for c in sources] == ["G", "R"]
+    amps = [c["parameters"]["amp"]["value"] for c in sources]
+    # (each amplitude is degenerate with the shared size; their ratio, the colour, is not)
+    assert abs(amps[0] / 15.0 - 1) < 0.2 and abs(amps[1] / 10.0 - 1) < 0.2
+    assert abs(amps[0] / amps[1] / 1.5 - 1) < 0.1
+    # the shared source size is reported in both bands, with the one error
+    sizes = [c["parameters"]["R_sersic"] for c in sources]
+    assert sizes[0] == sizes[1] and sizes[0]["error"] > 0
+    assert [b["name"] for b in result["bands"]] == ["G", "R"]
+    assert all(0.7 < b["chi2"] / b["n_data"] < 1.3 for b in result["bands"])
+    assert (tmp_path / "joint_G.png").exists() and (tmp_path / "joint_R.png").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ([], "--pixel-scale (all bands) or --band-pixel-scales"),
+        (["--band-pixel-scales", "0.06"], "lists 1 scales for 2 bands"),
+        (["--band-pixel-scales", "0.06,fast"], "must be numbers"),
+        (["--pixel-scale", "0.06", "--band-names", "G"], "lists 1 names for 2 bands"),
+        (["--pixel-scale", "0.06", "--band-names", "G,G"], "band names must be unique"),
+        (["--pixel-scale", "0.06", "--source", "pixelized"], "fits one band"),
+        (["--pixel-scale", "0.06", "--psf", "x.fits"], "give either IMAGE"),
+    ],
+)
+def test_bad_band_input_is_one_line_and_nonzero(band_file, tmp_path, capsys, extra, message):
+    argv = [*_band_args(band_file), *extra, "--json", str(tmp_path / "x.json")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("equilens: error:") and "\n" not in err, err
+    assert message in err, err
+
+
+def test_missing_band_extension_names_the_band(band_file, tmp_path, capsys):
+    argv = [*_band_args(band_file, names=("G", "B")), "--pixel-scale", "0.06"]
+    assert main([*argv, "--json", str(tmp_path / "x.json")]) == 1
+    err = capsys.readouterr().err
+    assert "band band1:" in err and "no image data in HDU B_FLUX" in err, err

@@ -18,7 +18,16 @@ multi-Gaussian expansion); `none` is for data with the lens light removed. `--po
 FILE` (x y in arcsec per line: the multiple images of one source point) adds a positions
 penalty (`--positions-sigma`, default a pixel). The pixelized chain holds the images of one
 source point together in the source plane (a `PositionsThreshold`): the `--positions`, or
-else the images of the parametric source's centre. Errors are one
+else the images of the parametric source's centre.
+
+Several bands are fitted jointly with `--band IMAGE NOISE PSF` once per band (instead of
+IMAGE, --noise-map and --psf; paths may name a FITS extension, `cutout.fits[VIS_FLUX]`),
+`--pixel-scale` for all bands or `--band-pixel-scales 0.1,0.1,...` one per band,
+`--band-names VIS,Y,...`; `--mask` and `--mask-radius` apply to every band. One mass model,
+the lens light and source shared in shape with per-band amplitudes
+(`equilens.solve.fit_multiband`: the first band is fitted alone first, then all jointly);
+the JSON names each light component's band and lists each band's chi2, and one figure per
+band is written (OUT_<band>.png). Errors are one
 line on stderr and exit status 1; a fit that did not converge, or converged to an
 implausible model (a parameter at a bound, a source larger than the data), writes its
 results, says why on stderr and exits with status 2.
@@ -255,6 +264,112 @@ def run_fit(
     return out
 
 
+def run_fit_multiband(
+    data,
+    json_path: str,
+    mass: str,
+    lens_light: str | None,
+    source: str,
+    solver: str = "lm",
+    max_steps: int | None = None,
+    positions=None,
+    positions_sigma: float | None = None,
+) -> dict[str, str]:
+    """Fits the bands of `data` (a `MultiBandImaging`) jointly
+    (`equilens.solve.fit_multiband`), prints the parameters with errors, and writes the
+    JSON result (per-band amplitudes and chi2) to `json_path` and one figure per band next
+    to it (`OUT_<band>.png`). Returns the output paths and the fit's status in words."""
+    from .plot import plot_fit
+    from .solve import fit_multiband, write_json
+    from .terms import GaussianLikelihood
+
+    if source == "pixelized":
+        raise ValueError(
+            "--source pixelized fits one band: a joint pixelized fit of several bands is "
+            "not in the command yet (use equilens.MultiBandTerm with LogEvidence in Python)"
+        )
+    t0 = time.perf_counter()
+    sizes = ", ".join(
+        f"{n} {b.shape[0]}x{b.shape[1]} ({int(b.mask.sum())} in the mask)"
+        for n, b in zip(data.names, data.bands, strict=True)
+    )
+    print(
+        f"equilens: fitting {mass} mass, {lens_light or 'no'} lens light, {source} source to "
+        f"{len(data)} bands: {sizes}"
+    )
+    result = fit_multiband(
+        data,
+        mass,
+        lens_light,
+        source,
+        solver=solver,
+        max_steps=300 if max_steps is None else max_steps,
+        positions=positions,
+        positions_sigma=positions_sigma,
+        progress=sys.stderr.isatty(),
+    )
+    folder = os.path.dirname(os.path.abspath(json_path))
+    os.makedirs(folder, exist_ok=True)
+    base = os.path.splitext(json_path)[0]
+    out = {"json": json_path}
+    per_band = []
+    for k, (name, imaging) in enumerate(zip(data.names, data.bands, strict=True)):
+        system = result.model.band(k)
+        png = f"{base}_{name}.png"
+        plot_fit(system, imaging, png, title=f"band {name}: {mass} mass, {source} source")
+        # (the amplitudes are the fit's: nothing solved again)
+        chi2 = float(GaussianLikelihood(imaging, linear=False).chi2(system))
+        n = int(imaging.mask.sum())
+        per_band.append({"name": name, "chi2": chi2, "n_data": n, "figure": png})
+        out[f"png_{name}"] = png
+    print(result.table())
+    for b in per_band:
+        print(f"  band {b['name']}: chi2 {b['chi2']:.1f} over {b['n_data']} pixels")
+    extra = {"bands": per_band}
+    if positions is not None:
+        extra["positions"] = [list(map(float, p)) for p in positions]
+    write_json(json_path, result, data.names, **extra)
+    print(f"  result: {json_path}\n  wall time {time.perf_counter() - t0:.1f} s")
+    out["status"] = "successful" if result.success else result.message()
+    return out
+
+
+def _bands(args):
+    """The `--band IMAGE NOISE PSF` options as a `MultiBandImaging`."""
+    from .data import MultiBandImaging
+
+    if args.image is not None or args.noise_map is not None or args.psf is not None:
+        raise ValueError("give either IMAGE with --noise-map and --psf, or --band once per band")
+    n = len(args.band)
+    names = [f"band{k}" for k in range(n)]
+    if args.band_names is not None:
+        names = [v.strip() for v in args.band_names.split(",")]
+        if len(names) != n:
+            raise ValueError(f"--band-names lists {len(names)} names for {n} bands")
+    if args.band_pixel_scales is not None:
+        try:
+            scales = [float(v) for v in args.band_pixel_scales.split(",")]
+        except ValueError:
+            raise ValueError(
+                f"--band-pixel-scales must be numbers, got {args.band_pixel_scales!r}"
+            ) from None
+        if len(scales) != n:
+            raise ValueError(f"--band-pixel-scales lists {len(scales)} scales for {n} bands")
+    elif args.pixel_scale is not None:
+        scales = [args.pixel_scale] * n
+    else:
+        raise ValueError("give --pixel-scale (all bands) or --band-pixel-scales (one per band)")
+    bands = []
+    for name, (image, noise, psf), scale in zip(names, args.band, scales, strict=True):
+        try:
+            bands.append(
+                _load(image, noise, psf, scale, args.mask, args.mask_radius, args.supersampling)
+            )
+        except ValueError as err:
+            raise ValueError(f"band {name}: {err}") from None
+    return MultiBandImaging(bands, names)
+
+
 def run_demo(output: str, solver: str = "lm") -> dict[str, str]:
     """Fits the shipped HST image of SDSS J0946+1006; returns the output paths."""
     from importlib.resources import files
@@ -294,10 +409,20 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--output", default="equilens_demo", help="output folder")
     demo.add_argument("--solver", default="lm", help="solver name (lm, bfgs, lbfgs, adam)")
     fit = sub.add_parser("fit", help="fit a lens model to your own imaging data")
-    fit.add_argument("image", help="image FITS file (flux per pixel)")
-    fit.add_argument("--noise-map", required=True, help="1-sigma noise FITS file")
-    fit.add_argument("--psf", required=True, help="PSF kernel FITS file (odd-sized)")
-    fit.add_argument("--pixel-scale", required=True, type=float, help="arcsec per pixel")
+    fit.add_argument("image", nargs="?", help="image FITS file (flux per pixel)")
+    fit.add_argument("--noise-map", help="1-sigma noise FITS file")
+    fit.add_argument("--psf", help="PSF kernel FITS file (odd-sized)")
+    fit.add_argument("--pixel-scale", type=float, help="arcsec per pixel")
+    fit.add_argument(
+        "--band",
+        nargs=3,
+        action="append",
+        metavar=("IMAGE", "NOISE", "PSF"),
+        help="one band of a joint multi-band fit (repeat per band, sharpest or deepest "
+        "first: it is the reference); FITS paths may name an extension, file.fits[NAME]",
+    )
+    fit.add_argument("--band-names", help="comma-separated names of the --band options")
+    fit.add_argument("--band-pixel-scales", help="comma-separated arcsec per pixel, one per --band")
     fit.add_argument("--mask", help="FITS file, non-zero = pixel excluded")
     fit.add_argument("--mask-radius", type=float, help="use pixels within R arcsec of the centre")
     fit.add_argument("--mass", default="sie+shear", help="mass profiles, '+'-joined")
@@ -352,6 +477,28 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--supersampling must be >= 1, got {args.supersampling}")
             if args.max_steps is not None and args.max_steps < 1:
                 raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}")
+            positions = _positions(args.positions)
+            if args.band:
+                out = run_fit_multiband(
+                    _bands(args),
+                    args.json,
+                    args.mass,
+                    None if args.lens_light.lower() == "none" else args.lens_light,
+                    args.source,
+                    args.solver,
+                    max_steps=args.max_steps,
+                    positions=positions,
+                    positions_sigma=args.positions_sigma,
+                )
+                return _exit(out)
+            for option, value in (
+                ("IMAGE", args.image),
+                ("--noise-map", args.noise_map),
+                ("--psf", args.psf),
+                ("--pixel-scale", args.pixel_scale),
+            ):
+                if value is None:
+                    raise ValueError(f"{option} is required (or --band once per band)")
             imaging = _load(
                 args.image,
                 args.noise_map,
@@ -373,13 +520,17 @@ def main(argv: list[str] | None = None) -> int:
                 regularization=args.regularization,
                 strength=args.regularization_strength,
                 max_steps=args.max_steps,
-                positions=_positions(args.positions),
+                positions=positions,
                 positions_sigma=args.positions_sigma,
             )
     except (ValueError, OSError, RuntimeError, TypeError) as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"equilens: error: {msg}", file=sys.stderr)
         return 1
+    return _exit(out)
+
+
+def _exit(out: dict[str, str]) -> int:
     if out["status"] != "successful":
         # the results are written for inspection, but a failed fit is not a success
         print(f"equilens: the fit did not succeed: {out['status']}", file=sys.stderr)

@@ -12,14 +12,24 @@ from ..psf import AbstractPSF, FFTConvolution, PixelPSF
 
 
 def _load_fits(path: str | os.PathLike, hdu: int = 0, what: str = "image") -> np.ndarray:
+    """The image in HDU `hdu` of a FITS file; `path` may name the extension itself, as
+    `file.fits[NAME]` or `file.fits[N]` (astropy's and ds9's notation)."""
     from astropy.io import fits
 
+    path = os.fspath(path)
+    ext: int | str = hdu
+    if path.endswith("]") and "[" in path and not os.path.isfile(path):
+        path, _, name = path[:-1].rpartition("[")
+        ext = int(name) if name.isdigit() else name
     if not os.path.isfile(path):
         raise ValueError(f"{what} file not found: {path}")
     with fits.open(path) as hdul:
-        data = hdul[hdu].data if hdu < len(hdul) else None  # pyright: ignore[reportAttributeAccessIssue]
+        try:
+            data = hdul[ext].data  # pyright: ignore[reportAttributeAccessIssue]
+        except (KeyError, IndexError):
+            data = None
         if data is None:
-            raise ValueError(f"{what} file {path} has no image data in HDU {hdu}")
+            raise ValueError(f"{what} file {path} has no image data in HDU {ext}")
         return np.asarray(data, dtype=np.float64)
 
 
@@ -163,7 +173,8 @@ class Imaging(eqx.Module):
         """Loads an image, its noise map and PSF kernel from FITS files (astropy).
 
         `exclude_mask` is an optional FITS file whose non-zero pixels are excluded; it is
-        combined with `mask` (True = used). The PSF kernel is normalised to sum 1.
+        combined with `mask` (True = used). The PSF kernel is normalised to sum 1. Each
+        path may name its extension, `file.fits[NAME]` or `file.fits[N]` (else `hdu`).
         """
         d = _load_fits(image, hdu, "image")
         n = _load_fits(noise_map, hdu, "noise map")

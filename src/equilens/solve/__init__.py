@@ -22,6 +22,7 @@ from ._io import (
 from ._pipeline import (
     auto_positions as auto_positions,
     fit_lens as fit_lens,
+    fit_multiband as fit_multiband,
     fit_pixelized as fit_pixelized,
     lens_bounds as lens_bounds,
     pixelized_model as pixelized_model,

@@ -46,10 +46,11 @@ def _entries(system: LensSystem | MultiBandLensSystem) -> list[dict[str, Any]]:
         node = getattr(system, field)
         if node is None:
             continue
+        shared_fields = system.shared if isinstance(system, MultiBandLensSystem) else ()
         per_band = isinstance(system, MultiBandLensSystem) and field != "mass"
         for band, sub in enumerate(node if per_band else (node,)):
             base = f"{field}[{band}]" if per_band else field
-            shared = f"{field}[0]" if per_band and field in system.shared else base
+            shared = f"{field}[0]" if field in shared_fields else base
             for i, comp in enumerate(_components(sub)):
                 inner = f".components[{i}]" if isinstance(sub, (MassSum, LightSum)) else ""
                 out.append(

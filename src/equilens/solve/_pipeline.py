@@ -13,7 +13,8 @@ import numpy as np
 from jaxtyping import Float
 
 from .._lens_system import LensSystem
-from ..data import Imaging
+from .._multiband import MultiBandLensSystem
+from ..data import Imaging, MultiBandImaging
 from ..lensing import image_positions
 from ..light import FixedLight, LightSum
 from ..objective import Objective, select
@@ -24,7 +25,13 @@ from ..source import (
     Inversion,
     PixelizedSource,
 )
-from ..terms import GaussianLikelihood, LogEvidence, PositionsTerm, PositionsThreshold
+from ..terms import (
+    GaussianLikelihood,
+    LogEvidence,
+    MultiBandTerm,
+    PositionsTerm,
+    PositionsThreshold,
+)
 from ._fit import SolverLike, fit, with_conditional_covariance, with_smoothed_covariance
 from ._plausible import SIZE_FIELDS, has_field
 from ._result import FitResult
@@ -164,6 +171,73 @@ def fit_lens(
         progress=progress,
     )
     say(f"  stage 3 (all free): reduced chi2 {float(r.reduced_chi2):.3f}, {r.message()}")
+    return dataclasses.replace(r, wall_time=time.perf_counter() - t0)
+
+
+def fit_multiband(
+    data: MultiBandImaging,
+    mass: str = "sie+shear",
+    lens_light: str | None = "mge",
+    source: str = "sersic",
+    *,
+    solver: SolverLike = "lm",
+    max_steps: int = 300,
+    positions: Any = None,
+    positions_sigma: float | None = None,
+    log: Callable[[str], None] | None = print,
+    progress: bool = False,
+) -> FitResult:
+    """Fits one lens model to every band of `data` jointly, from a generic start:
+
+    1. `fit_lens` on the first band (the reference: give the sharpest or deepest band
+       first), with its global search;
+    2. that model as a `MultiBandLensSystem` with the lens light and the source shared in
+       shape by all bands and per-band amplitudes (solved linearly, positive, in every
+       band), fitted to all bands together (`MultiBandTerm` of `GaussianLikelihood`s, plus
+       a `PositionsTerm` when `positions` are given), everything free, within the
+       reference band's `lens_bounds`.
+
+    Returns the joint `FitResult` (its model a `MultiBandLensSystem`; wall time of both
+    stages). Profiles, positions and bounds as in `fit_lens`."""
+    if not isinstance(data, MultiBandImaging):
+        raise TypeError(f"fit_multiband needs a MultiBandImaging, got {type(data).__name__}")
+    t0 = time.perf_counter()
+    say = log or (lambda _: None)
+    ref = data.bands[0]
+    say(f"  reference band {data.names[0]!r}:")
+    single = fit_lens(
+        ref,
+        mass,
+        lens_light,
+        source,
+        solver=solver,
+        max_steps=max_steps,
+        positions=positions,
+        positions_sigma=positions_sigma,
+        log=log,
+        progress=progress,
+    )
+    m = single.model
+    start = MultiBandLensSystem(m.mass, m.source, m.lens_light, bands=len(data))
+    terms: list[Any] = [MultiBandTerm.build(data, GaussianLikelihood, nonnegative=True)]
+    if positions is not None:
+        pos = np.asarray(positions, dtype=float)
+        sigma = ref.pixel_scale if positions_sigma is None else float(positions_sigma)
+        terms.append(PositionsTerm(pos[:, 0], pos[:, 1], sigma))
+    radius = light_moments(ref).mask_radius
+    bounds = {(lambda s, w=where: w(s.band(0))): b for where, b in lens_bounds(m, radius).items()}
+    r = fit(
+        Objective(terms),
+        start,
+        solver,
+        bounds=bounds,
+        max_steps=max_steps,
+        throw=False,
+        progress=progress,
+    )
+    say(
+        f"  joint fit of {len(data)} bands: reduced chi2 {float(r.reduced_chi2):.3f}, {r.message()}"
+    )
     return dataclasses.replace(r, wall_time=time.perf_counter() - t0)
 
 
