@@ -257,7 +257,7 @@ def test_fit_command_fits_bands_jointly(band_file, tmp_path):
         (["--band-pixel-scales", "0.06,fast"], "must be numbers"),
         (["--pixel-scale", "0.06", "--band-names", "G"], "lists 1 names for 2 bands"),
         (["--pixel-scale", "0.06", "--band-names", "G,G"], "band names must be unique"),
-        (["--pixel-scale", "0.06", "--source", "pixelized"], "fits one band"),
+        (["--pixel-scale", "0.06", "--source", "pixelized", "--mesh", "hex"], "--mesh must be"),
         (["--pixel-scale", "0.06", "--psf", "x.fits"], "give either IMAGE"),
     ],
 )
@@ -274,3 +274,35 @@ def test_missing_band_extension_names_the_band(band_file, tmp_path, capsys):
     assert main([*argv, "--json", str(tmp_path / "x.json")]) == 1
     err = capsys.readouterr().err
     assert "band band1:" in err and "no image data in HDU B_FLUX" in err, err
+
+
+@pytest.mark.slow
+def test_pixelized_fit_of_bands_writes_evidence_per_band(band_file, tmp_path):
+    out = tmp_path / "pix.json"
+    argv = [
+        *_band_args(band_file),
+        "--band-pixel-scales", "0.06,0.1",
+        "--band-names", "G,R",
+        "--mask-radius", "1.4",
+        "--lens-light", "sersic",
+        "--source", "pixelized",
+        "--mesh", "adaptive:12x12",
+        "--json", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert [b["name"] for b in result["bands"]] == ["G", "R"]
+    per_band = [b["log_evidence"] for b in result["bands"]]
+    assert np.isclose(sum(per_band), result["log_evidence"], rtol=1e-8)
+    assert all(stage["positions_penalty"] == 0.0 for stage in result["stages"])
+    sources = [c for c in result["components"] if c["field"] == "source"]
+    assert [c["class"] for c in sources] == ["PixelizedSource"] * 2
+    # each band's regularization strength is its own, fitted by its evidence
+    strengths = [c["parameters"]["regularization.coefficient"] for c in sources]
+    assert all(s["value"] > 0 and s["error"] is not None for s in strengths)
+    sie = result["components"][0]["parameters"]
+    assert abs(sie["theta_E"]["value"] - 1.0) < 0.03
+    for name in ("G", "R"):
+        assert (tmp_path / f"pix_{name}.png").exists()
+        with fits.open(tmp_path / f"pix_{name}_source.fits") as hdul:
+            assert np.nanmax(hdul[0].data) > 5 * np.nanmedian(hdul["ERRORS"].data)

@@ -27,7 +27,10 @@ IMAGE, --noise-map and --psf; paths may name a FITS extension, `cutout.fits[VIS_
 the lens light and source shared in shape with per-band amplitudes
 (`equilens.solve.fit_multiband`: the first band is fitted alone first, then all jointly);
 the JSON names each light component's band and lists each band's chi2, and one figure per
-band is written (OUT_<band>.png). Errors are one
+band is written (OUT_<band>.png). With `--source pixelized` the joint parametric fit is
+followed by a pixelized source in every band, on one mesh (built on the first band) with a
+regularization strength per band, fitted by the sum of the bands' evidences
+(`equilens.solve.fit_multiband_pixelized`; OUT_<band>_source.fits per band). Errors are one
 line on stderr and exit status 1; a fit that did not converge, or converged to an
 implausible model (a parameter at a bound, a source larger than the data), writes its
 results, says why on stderr and exits with status 2.
@@ -274,20 +277,26 @@ def run_fit_multiband(
     max_steps: int | None = None,
     positions=None,
     positions_sigma: float | None = None,
+    mesh: str = "rectangular",
+    regularization: str = "constant",
+    strength: float | None = None,
 ) -> dict[str, str]:
     """Fits the bands of `data` (a `MultiBandImaging`) jointly
-    (`equilens.solve.fit_multiband`), prints the parameters with errors, and writes the
-    JSON result (per-band amplitudes and chi2) to `json_path` and one figure per band next
-    to it (`OUT_<band>.png`). Returns the output paths and the fit's status in words."""
-    from .plot import plot_fit
-    from .solve import fit_multiband, write_json
+    (`equilens.solve.fit_multiband`; for `source="pixelized"` followed by
+    `equilens.solve.fit_multiband_pixelized`), prints the parameters with errors, and
+    writes the JSON result (per-band amplitudes and chi2; pixelized: the log-evidence, per
+    band too) to `json_path` and one figure per band next to it (`OUT_<band>.png`;
+    pixelized: also `OUT_<band>_source.fits`). Returns the output paths and the final
+    fit's status in words."""
+    import numpy as np
+
+    from .plot import plot_fit, plot_reconstruction
+    from .solve import auto_positions, fit_multiband, fit_multiband_pixelized, write_json
     from .terms import GaussianLikelihood
 
-    if source == "pixelized":
-        raise ValueError(
-            "--source pixelized fits one band: a joint pixelized fit of several bands is "
-            "not in the command yet (use equilens.MultiBandTerm with LogEvidence in Python)"
-        )
+    pixelized = source == "pixelized"
+    pix_mesh = make_mesh(mesh, data.bands[0]) if pixelized else None
+    pix_reg = make_regularization(regularization, strength) if pixelized else None
     t0 = time.perf_counter()
     sizes = ", ".join(
         f"{n} {b.shape[0]}x{b.shape[1]} ({int(b.mask.sum())} in the mask)"
@@ -297,38 +306,73 @@ def run_fit_multiband(
         f"equilens: fitting {mass} mass, {lens_light or 'no'} lens light, {source} source to "
         f"{len(data)} bands: {sizes}"
     )
+    progress = sys.stderr.isatty()
     result = fit_multiband(
         data,
         mass,
         lens_light,
-        source,
+        "sersic" if pixelized else source,
         solver=solver,
         max_steps=300 if max_steps is None else max_steps,
         positions=positions,
         positions_sigma=positions_sigma,
-        progress=sys.stderr.isatty(),
+        progress=progress,
     )
     folder = os.path.dirname(os.path.abspath(json_path))
     os.makedirs(folder, exist_ok=True)
     base = os.path.splitext(json_path)[0]
     out = {"json": json_path}
+    extra: dict = {}
+    inversions = None
+    if pix_mesh is not None and pix_reg is not None:
+        extra["parametric_stage"] = {
+            "reduced_chi2": float(result.reduced_chi2),
+            "status": result.message(),
+        }
+        print(f"  pixelized source in every band: {mesh} mesh, {regularization} regularization")
+        held = positions
+        if held is None:
+            held = auto_positions(data.bands[0], result.model.band(0))
+        if held is not None:
+            extra["positions"] = np.asarray(held).tolist()
+        result, inversions, stages = fit_multiband_pixelized(
+            data,
+            result.model,
+            pix_mesh,
+            pix_reg,
+            solver=None if solver == "lm" else solver,
+            fit_strength=strength is None,
+            max_steps=1000 if max_steps is None else max_steps,
+            positions=held,
+            progress=progress,
+        )
+        extra["stages"] = stages
+        extra["log_evidence"] = stages[-1]["log_evidence"]
+    elif positions is not None:
+        extra["positions"] = np.asarray(positions).tolist()
     per_band = []
     for k, (name, imaging) in enumerate(zip(data.names, data.bands, strict=True)):
         system = result.model.band(k)
         png = f"{base}_{name}.png"
-        plot_fit(system, imaging, png, title=f"band {name}: {mass} mass, {source} source")
-        # (the amplitudes are the fit's: nothing solved again)
-        chi2 = float(GaussianLikelihood(imaging, linear=False).chi2(system))
-        n = int(imaging.mask.sum())
-        per_band.append({"name": name, "chi2": chi2, "n_data": n, "figure": png})
+        entry: dict = {"name": name, "n_data": int(imaging.mask.sum()), "figure": png}
+        if inversions is not None:
+            fits_path = f"{base}_{name}_source.fits"
+            write_source_fits(fits_path, inversions[k])
+            plot_reconstruction(system, imaging, inversions[k], png, title=f"band {name}")
+            entry["log_evidence"] = float(inversions[k].log_evidence)
+            entry["chi2"] = float(inversions[k].chi2)
+            entry["source_fits"] = fits_path
+            out[f"source_fits_{name}"] = fits_path
+        else:
+            plot_fit(system, imaging, png, title=f"band {name}: {mass} mass, {source} source")
+            # (the amplitudes are the fit's: nothing solved again)
+            entry["chi2"] = float(GaussianLikelihood(imaging, linear=False).chi2(system))
+        per_band.append(entry)
         out[f"png_{name}"] = png
     print(result.table())
     for b in per_band:
         print(f"  band {b['name']}: chi2 {b['chi2']:.1f} over {b['n_data']} pixels")
-    extra = {"bands": per_band}
-    if positions is not None:
-        extra["positions"] = [list(map(float, p)) for p in positions]
-    write_json(json_path, result, data.names, **extra)
+    write_json(json_path, result, data.names, bands=per_band, **extra)
     print(f"  result: {json_path}\n  wall time {time.perf_counter() - t0:.1f} s")
     out["status"] = "successful" if result.success else result.message()
     return out
@@ -489,6 +533,9 @@ def main(argv: list[str] | None = None) -> int:
                     max_steps=args.max_steps,
                     positions=positions,
                     positions_sigma=args.positions_sigma,
+                    mesh=args.mesh,
+                    regularization=args.regularization,
+                    strength=args.regularization_strength,
                 )
                 return _exit(out)
             for option, value in (

@@ -23,6 +23,7 @@ from ._pipeline import (
     auto_positions as auto_positions,
     fit_lens as fit_lens,
     fit_multiband as fit_multiband,
+    fit_multiband_pixelized as fit_multiband_pixelized,
     fit_pixelized as fit_pixelized,
     lens_bounds as lens_bounds,
     pixelized_model as pixelized_model,

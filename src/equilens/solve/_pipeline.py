@@ -67,6 +67,20 @@ def lens_bounds(model: LensSystem, mask_radius: float) -> dict[Any, tuple[float,
     return out
 
 
+def _positions_term(positions: Any, sigma: float | None, pixel_scale: float) -> PositionsTerm:
+    """The source-plane `PositionsTerm` of `fit_lens`'s `positions` (`(n >= 2, 2)`, arcsec)
+    with 1-sigma `sigma` (default a pixel)."""
+    pos = np.asarray(positions, dtype=float)
+    if pos.ndim != 2 or pos.shape[1] != 2 or pos.shape[0] < 2:
+        raise ValueError(f"positions must have shape (n >= 2, 2), got {pos.shape}")
+    if not np.isfinite(pos).all():
+        raise ValueError("positions must be finite")
+    s = pixel_scale if sigma is None else float(sigma)
+    if not s > 0:
+        raise ValueError(f"positions_sigma must be > 0 arcsec, got {sigma}")
+    return PositionsTerm(pos[:, 0], pos[:, 1], s)
+
+
 def fit_lens(
     imaging: Imaging,
     mass: str = "sie+shear",
@@ -114,15 +128,7 @@ def fit_lens(
     # by orders of magnitude, fit the arcs and make the joint solve with a source singular)
     terms: list[Any] = [GaussianLikelihood(imaging, nonnegative=True)]
     if positions is not None:
-        pos = np.asarray(positions, dtype=float)
-        if pos.ndim != 2 or pos.shape[1] != 2 or pos.shape[0] < 2:
-            raise ValueError(f"positions must have shape (n >= 2, 2), got {pos.shape}")
-        if not np.isfinite(pos).all():
-            raise ValueError("positions must be finite")
-        sigma = imaging.pixel_scale if positions_sigma is None else float(positions_sigma)
-        if not sigma > 0:
-            raise ValueError(f"positions_sigma must be > 0 arcsec, got {positions_sigma}")
-        terms.append(PositionsTerm(pos[:, 0], pos[:, 1], sigma))
+        terms.append(_positions_term(positions, positions_sigma, imaging.pixel_scale))
     objective = Objective(terms)
     model = start_model(imaging, mass, lens_light, source)
     radius = light_moments(imaging).mask_radius
@@ -221,9 +227,7 @@ def fit_multiband(
     start = MultiBandLensSystem(m.mass, m.source, m.lens_light, bands=len(data))
     terms: list[Any] = [MultiBandTerm.build(data, GaussianLikelihood, nonnegative=True)]
     if positions is not None:
-        pos = np.asarray(positions, dtype=float)
-        sigma = ref.pixel_scale if positions_sigma is None else float(positions_sigma)
-        terms.append(PositionsTerm(pos[:, 0], pos[:, 1], sigma))
+        terms.append(_positions_term(positions, positions_sigma, ref.pixel_scale))
     radius = light_moments(ref).mask_radius
     bounds = {(lambda s, w=where: w(s.band(0))): b for where, b in lens_bounds(m, radius).items()}
     r = fit(
@@ -315,6 +319,25 @@ def _strength_where(system: LensSystem) -> Callable[[LensSystem], Any]:
     assert isinstance(system.source, PixelizedSource)
     names = [n for n in type(system.source.regularization).bounds if n.endswith("coefficient")]
     return lambda s: tuple(getattr(s.source.regularization, n) for n in names)  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def _evidence_fit(
+    objective: Objective, start: Any, free: Any, solver: SolverLike, max_steps: int, progress: bool
+) -> FitResult:
+    """One fit of an evidence objective, with the covariance made robust to its roughness."""
+    r = fit(
+        objective, start, solver, free=free, max_steps=max_steps, throw=False, progress=progress
+    )
+    # the evidence is rough on scales below the errors (traced pixels cross the mesh's
+    # cells), so its autodiff Hessian can be indefinite at a minimum: the curvature of its
+    # values over 1-sigma steps instead; a regularization hyperparameter the evidence does
+    # not constrain (e.g. the inner coefficient of an AdaptiveBrightness whose signal is
+    # nowhere 1) leaves even that singular: the mass errors are then given with the
+    # hyperparameters held
+    r = with_smoothed_covariance(r, objective, free)
+    mass = jax.tree.map(operator.and_, free, select(start, lambda s: s.mass))
+    r = with_smoothed_covariance(r, objective, mass)
+    return with_conditional_covariance(r, objective, mass)
 
 
 def fit_pixelized(
@@ -414,25 +437,7 @@ def fit_pixelized(
         say(f"  {name}: log evidence {log_ev:.1f}, {r.message()}")
 
     def run(objective: Objective, start: LensSystem, free: Any) -> FitResult:
-        r = fit(
-            objective,
-            start,
-            solver,
-            free=free,
-            max_steps=max_steps,
-            throw=False,
-            progress=progress,
-        )
-        # the evidence is rough on scales below the errors (traced pixels cross the mesh's
-        # cells), so its autodiff Hessian can be indefinite at a minimum: the curvature of
-        # its values over 1-sigma steps instead; a regularization hyperparameter the
-        # evidence does not constrain (e.g. the inner coefficient of an AdaptiveBrightness
-        # whose signal is nowhere 1) leaves even that singular: the mass errors are then
-        # given with the hyperparameters held
-        r = with_smoothed_covariance(r, objective, free)
-        mass = jax.tree.map(operator.and_, free, select(start, lambda s: s.mass))
-        r = with_smoothed_covariance(r, objective, mass)
-        return with_conditional_covariance(r, objective, mass)
+        return _evidence_fit(objective, start, free, solver, max_steps, progress)
 
     if fit_strength:
         where = _strength_where(model)
@@ -467,3 +472,110 @@ def fit_pixelized(
             break
     inversion = eqx.filter_jit(lambda t, m: t.invert(m, errors=True))(term, r.model)
     return dataclasses.replace(r, wall_time=time.perf_counter() - t0), inversion, stages
+
+
+def _fixed(light: Any) -> FixedLight:
+    return light if isinstance(light, FixedLight) else FixedLight(light)
+
+
+def fit_multiband_pixelized(
+    data: MultiBandImaging,
+    model: MultiBandLensSystem,
+    mesh: AbstractMesh,
+    regularization: AbstractRegularization,
+    *,
+    solver: SolverLike | None = None,
+    fit_strength: bool = True,
+    max_steps: int = 1000,
+    positions: Any = None,
+    positions_threshold: float | None = None,
+    log: Callable[[str], None] | None = print,
+    progress: bool = False,
+) -> tuple[FitResult, tuple[Inversion, ...], list[dict[str, Any]]]:
+    """Fits a pixelized source in every band of `data` jointly, by the sum of the bands'
+    Bayesian evidences (`MultiBandTerm` of `LogEvidence`s), from `model` (e.g. the result
+    of `fit_multiband`): one mass model; in each band the lens light held as it is in
+    `model` (`FixedLight`) and a source of its own on `mesh` (the same mesh in every band,
+    each traced through its band's grid) with its own copy of `regularization`, whose
+    strength each band's evidence sets (bands differ in flux units and signal-to-noise).
+
+    Stages, as `fit_pixelized`'s first two: each band's strength started at the best of
+    `COEFFICIENT_GRID` and fitted with the mass held (when `fit_strength`), then the mass
+    and the strengths together. A regularization that adapts to the source's brightness
+    uses the data as its brightness estimate (no adaptation rounds). `positions` and
+    `positions_threshold` add `fit_pixelized`'s `PositionsThreshold` guard (on the shared
+    mass). The default solver is BFGS, or adam for a `DelaunayMesh`.
+
+    Returns the `FitResult` of the last stage (every band's source solved), each band's
+    `Inversion` (source errors included), and one record per stage (`{"stage", "log_evidence"
+    (the sum over bands), "band_log_evidence", "status"}`)."""
+    t0 = time.perf_counter()
+    say = log or (lambda _: None)
+    if not isinstance(data, MultiBandImaging):
+        raise TypeError(f"expected a MultiBandImaging, got {type(data).__name__}")
+    if not isinstance(model, MultiBandLensSystem) or model.n_bands != len(data):
+        raise ValueError(f"model must be a MultiBandLensSystem of the {len(data)} bands")
+    if solver is None:
+        solver = "adam" if isinstance(mesh, DelaunayMesh) else "bfgs"
+    bands = model.bands()
+    lens = None
+    if model.lens_light is not None:
+        lens = tuple(_fixed(b.lens_light) for b in bands)
+    sources = [PixelizedSource(mesh, regularization) for _ in bands]
+    terms = [LogEvidence(b) for b in data.bands]
+    dtype = data.bands[0].data.dtype
+    if fit_strength:  # each band's strength started at the best of a coarse grid
+        value = eqx.filter_jit(lambda t, m: t(m))
+        for i, (t, band) in enumerate(zip(terms, bands, strict=True)):
+            trial_system = LensSystem(band.mass, sources[i], None if lens is None else lens[i])
+            where = _strength_where(trial_system)
+            scores = []
+            for c in COEFFICIENT_GRID:
+                trial = eqx.tree_at(
+                    where, trial_system, replace_fn=lambda _, c=c: jnp.asarray(c, dtype)
+                )
+                scores.append(float(value(t, trial)))
+            best = COEFFICIENT_GRID[int(np.nanargmin(scores))]
+            chosen = eqx.tree_at(
+                where, trial_system, replace_fn=lambda _, b=best: jnp.asarray(b, dtype)
+            )
+            sources[i] = chosen.source
+            say(f"  band {data.names[i]}: regularization start {best:g}")
+    start = MultiBandLensSystem(model.mass, tuple(sources), lens)
+    term = MultiBandTerm(terms, data.names)
+    guard: tuple[Any, ...] = ()
+    if positions is not None:
+        pos = np.asarray(positions, dtype=float)
+        if pos.ndim != 2 or pos.shape[1] != 2 or pos.shape[0] < 2 or not np.isfinite(pos).all():
+            raise ValueError(f"positions must be a finite (n >= 2, 2) array, got shape {pos.shape}")
+        guard = (threshold_term(start.band(0), pos, positions_threshold),)
+    objective = Objective([term, *guard])
+    stages: list[dict[str, Any]] = []
+    band_values = eqx.filter_jit(lambda t, m: t.values(m))
+
+    def record(name: str, r: FitResult) -> None:
+        per_band = [-float(v) for v in band_values(term, r.model)]
+        stages.append(
+            {
+                "stage": name,
+                "log_evidence": -float(r.term_values[0]),
+                "band_log_evidence": dict(zip(data.names, per_band, strict=True)),
+                "status": r.message(),
+            }
+        )
+        if guard:
+            stages[-1]["positions_penalty"] = float(r.term_values[1])
+        say(f"  {name}: log evidence {-float(r.term_values[0]):.1f}, {r.message()}")
+
+    def regs(m: MultiBandLensSystem) -> Any:
+        return tuple(s.regularization for s in m.source)  # pyright: ignore[reportAttributeAccessIssue]
+
+    if fit_strength:
+        r = _evidence_fit(objective, start, select(start, regs), solver, max_steps, progress)
+        record("stage 1 (regularization)", r)
+        start = r.model
+    free = select(start, lambda m: (m.mass, *regs(m)) if fit_strength else m.mass)
+    r = _evidence_fit(objective, start, free, solver, max_steps, progress)
+    record("stage 2 (mass)", r)
+    inversions = eqx.filter_jit(lambda t, m: t.invert(m, errors=True))(term, r.model)
+    return dataclasses.replace(r, wall_time=time.perf_counter() - t0), inversions, stages

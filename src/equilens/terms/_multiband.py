@@ -109,13 +109,14 @@ class MultiBandTerm(AbstractDataTerm):
         """Each band's model image (flux per pixel), linear parts solved."""
         return tuple(t.model_image(s) for t, s in zip(self.terms, self._bands(model), strict=True))
 
-    def invert(self, model: MultiBandLensSystem) -> tuple[Inversion, ...]:
-        """Each band's linear inversion (every band's term must be a `LogEvidence`)."""
+    def invert(self, model: MultiBandLensSystem, errors: bool = False) -> tuple[Inversion, ...]:
+        """Each band's linear inversion (every band's term must be a `LogEvidence`); with
+        `errors`, the 1-sigma errors of the source values too (`LogEvidence.invert`)."""
         out = []
         for name, t, s in zip(self.names, self.terms, self._bands(model), strict=True):
             if not isinstance(t, LogEvidence):
                 raise TypeError(f"band {name!r} has no inversion: its term is not LogEvidence")
-            out.append(t.invert(s))
+            out.append(t.invert(s, errors=errors))
         return tuple(out)
 
     @property
