@@ -141,5 +141,6 @@ def bench(session: nox.Session) -> None:
         "benchmarks/bench_fit.py",
         "benchmarks/bench_pixelized.py",
         "benchmarks/bench_numba.py",
+        "benchmarks/bench_multiband.py",
     ):
         session.run("python", script, *session.posargs)

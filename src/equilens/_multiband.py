@@ -1,6 +1,8 @@
 """A lens seen in several bands: one mass model, light per band or shared in shape."""
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import equinox as eqx
 import jax.tree_util as jtu
@@ -25,20 +27,31 @@ def _band_fields(profile: AbstractLightProfile) -> tuple[str, ...]:
     return ()
 
 
+def _replace(module: eqx.Module, changes: dict[str, Any]) -> Any:
+    """`module` with some fields replaced, built as unflattening a pytree builds a module
+    (no `__init__`, no converters: the leaves keep their types, NumPy arrays on the Numba
+    backend included). `eqx.tree_at` does the same but costs ~100 us per call, which
+    `band` pays for every shared field of every band at every evaluation."""
+    new = object.__new__(type(module))
+    for f in dataclasses.fields(module):
+        object.__setattr__(
+            new, f.name, changes[f.name] if f.name in changes else getattr(module, f.name)
+        )
+    return new
+
+
 def _tie(shape: PyTree, own: PyTree) -> PyTree:
     """`shape` (the shared profile, band 0's) with the band fields of `own` (one band's
     copy): what that band sees. Also applied to boolean masks of the same structure."""
     if isinstance(shape, LightSum):
         parts = tuple(_tie(a, b) for a, b in zip(shape.components, own.components, strict=True))
-        return eqx.tree_at(lambda s: s.components, shape, parts)
+        return _replace(shape, {"components": parts})
     if isinstance(shape, FixedLight):  # held as it is: nothing a band solves
         return shape
     names = _band_fields(shape)
     if not names:
         return shape
-    return eqx.tree_at(
-        lambda p: [getattr(p, n) for n in names], shape, [getattr(own, n) for n in names]
-    )
+    return _replace(shape, {n: getattr(own, n) for n in names})
 
 
 def _per_band(name: str, value: LightArg, n: int | None) -> tuple[tuple | None, bool]:
@@ -54,6 +67,29 @@ def _per_band(name: str, value: LightArg, n: int | None) -> tuple[tuple | None, 
     if n is not None and len(out) != n:
         raise ValueError(f"MultiBandLensSystem.{name} has {len(out)} entries for {n} bands")
     return out, False
+
+
+def _light_of(model: "MultiBandLensSystem", name: str, i: int) -> Any:
+    profiles = model.source if name == "source" else model.lens_light
+    if profiles is None:
+        return None
+    if name in model.shared and i != 0:
+        return _tie(profiles[0], profiles[i])
+    return profiles[i]
+
+
+def _band(model: "MultiBandLensSystem", i: int) -> LensSystem:
+    # (built as a pytree is unflattened: `LensSystem` has no checks of its own, and its
+    # constructor costs more than the band's Numba likelihood of a small image)
+    template = object.__new__(LensSystem)
+    return _replace(
+        template,
+        {
+            "mass": model.mass,
+            "source": _light_of(model, "source", i),
+            "lens_light": _light_of(model, "lens_light", i),
+        },
+    )
 
 
 class MultiBandLensSystem(eqx.Module):
@@ -141,26 +177,16 @@ class MultiBandLensSystem(eqx.Module):
     def n_bands(self) -> int:
         return len(self.source)
 
-    def _light_of(self, name: str, i: int) -> AbstractLightProfile | None:
-        profiles = self.source if name == "source" else self.lens_light
-        if profiles is None:
-            return None
-        if name in self.shared and i != 0:
-            return _tie(profiles[0], profiles[i])
-        return profiles[i]
-
     def band(self, i: int) -> LensSystem:
         """The `LensSystem` of band `i`: the mass model, and the band's lens light and source
         (shared shapes taken from band 0, amplitudes from band `i`)."""
         if not 0 <= i < self.n_bands:
             raise IndexError(f"band {i} of a {self.n_bands}-band system")
-        source = self._light_of("source", i)
-        assert source is not None
-        return LensSystem(self.mass, source, self._light_of("lens_light", i))
+        return _band(self, i)
 
     def bands(self) -> tuple[LensSystem, ...]:
         """`band(i)` for every band."""
-        return tuple(self.band(i) for i in range(self.n_bands))
+        return tuple(_band(self, i) for i in range(len(self.source)))
 
     def with_bands(self, systems: Sequence[LensSystem]) -> "MultiBandLensSystem":
         """A copy with each band's light taken from `systems[i]` (e.g. completed by that

@@ -341,8 +341,9 @@ def _uniform_prior(term: UniformPrior, model: Any) -> float:
 # --------------------------------------------------------------------------------------
 
 
-#: `log_density(backend="auto")` on a CPU leaves objectives with a parametric imaging term
-#: whose image (supersampled) has more pixels than this to JAX: at 100x100 the two
+#: `log_density(backend="auto")` on a CPU leaves objectives whose parametric imaging terms
+#: (all bands of a `MultiBandTerm` counted) have more (supersampled) pixels than this to
+#: JAX: at 100x100 the two
 #: backends' images and likelihoods cost about the same, at 128x140 (the HST lens of
 #: examples/nested_sampling_hst.py) JAX's likelihood took 1.19 ms and Numba's 1.39 ms, at
 #: 200x200 and 400x400 JAX's image is 1.4x and 1.8x faster (benchmarks/bench_numba.py, 2
@@ -352,14 +353,17 @@ AUTO_MAX_PIXELS = 128 * 128
 
 
 def _parametric_pixels(objective: Objective) -> int:
-    """The most (supersampled) pixels of the objective's parametric imaging terms."""
-    most = 0
+    """The (supersampled) pixels of the objective's parametric imaging terms, summed over
+    terms and bands: JAX evaluates them in one compiled call, the Numba backend one band
+    after another (four bands of 100^2 + 3 x 50^2 pixels: JAX's joint likelihood 1.4 ms,
+    Numba's 2.6 ms, benchmarks/bench_multiband.py)."""
+    total = 0
     for term in objective.terms:
         for t in term.terms if isinstance(term, MultiBandTerm) else (term,):
             if isinstance(t, GaussianLikelihood | PoissonLikelihood):
                 grid = t.imaging.grid
-                most = max(most, grid.shape[0] * grid.shape[1] * grid.supersampling**2)
-    return most
+                total += grid.shape[0] * grid.shape[1] * grid.supersampling**2
+    return total
 
 
 class LogDensity(NamedTuple):
@@ -398,9 +402,10 @@ def log_density(
     JAX's default device, in JAX's precision) or "auto" (default): JAX on an accelerator;
     on a CPU the Numba backend (as fast per call as JAX for the parametric likelihood at
     100x100 pixels, as fast or faster for the pixelized evidence at every size, and no
-    compilation per objective: `benchmarks/bench_numba.py`), except for an objective with
-    a parametric imaging term of more than `AUTO_MAX_PIXELS` (128^2) supersampled pixels
-    (JAX's image is 1.4-1.8x faster at 200^2-400^2) or with a class the Numba backend
+    compilation per objective: `benchmarks/bench_numba.py`), except for an objective whose
+    parametric imaging terms have more than `AUTO_MAX_PIXELS` (128^2) supersampled pixels
+    in all (JAX's image is 1.4-1.8x faster at 200^2-400^2, and evaluates the bands of a
+    `MultiBandTerm` in one call) or with a class the Numba backend
     cannot evaluate (tried once at `x0`): JAX then. `LogDensity.backend` says which.
     """
     if backend not in ("auto", "numba", "jax"):
