@@ -78,7 +78,7 @@ def test_shared_shape_per_band_amplitudes():
 def test_per_band_light_is_independent_and_fit_holds_tied_leaves():
     per_band = el.MultiBandLensSystem(
         MASS,
-        source=[light.Sersic(amp=1.0, R_sersic=r, n_sersic=1.0) for r in (0.1, 0.3)],
+        source=(light.Sersic(amp=1.0, R_sersic=r, n_sersic=1.0) for r in (0.1, 0.3)),
     )
     assert per_band.shared == () and per_band.n_bands == 2
     assert float(per_band.band(1).source.R_sersic) == 0.3

@@ -1,7 +1,7 @@
 """A lens seen in several bands: one mass model, light per band or shared in shape."""
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -13,7 +13,7 @@ from .light import AbstractLightProfile, AbstractLinearLightProfile, FixedLight,
 from .mass import AbstractMassProfile
 from .source import PixelizedSource
 
-LightArg = AbstractLightProfile | Sequence[AbstractLightProfile] | None
+LightArg = AbstractLightProfile | Iterable[AbstractLightProfile] | None
 
 
 def _band_fields(profile: AbstractLightProfile) -> tuple[str, ...]:
@@ -134,9 +134,14 @@ class MultiBandLensSystem(eqx.Module):
         if source is None:
             raise TypeError("MultiBandLensSystem needs a source")
         n = None if bands is None else int(bands)
+        # (a sequence, or any iterable, of per-band profiles: read once)
+        if source is not None and not isinstance(source, AbstractLightProfile):
+            source = tuple(source)
+        if lens_light is not None and not isinstance(lens_light, AbstractLightProfile):
+            lens_light = tuple(lens_light)
         for name, value in (("source", source), ("lens_light", lens_light)):
-            if value is not None and not isinstance(value, AbstractLightProfile):
-                count = len(tuple(value))  # pyright: ignore[reportArgumentType]
+            if isinstance(value, tuple):
+                count = len(value)
                 if n is not None and count != n:
                     raise ValueError(
                         f"MultiBandLensSystem.{name} has {count} entries for {n} bands"
