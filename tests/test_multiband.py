@@ -167,6 +167,7 @@ def test_complete_solves_each_band():
     assert [i.shape for i in images] == [b.shape for b in data]
 
 
+@pytest.mark.slow
 @pytest.mark.x64_only
 def test_pixelized_source_per_band_shared_mesh():
     data = _bands(size=24)
@@ -271,6 +272,7 @@ def test_joint_fit_recovers_the_shared_lens():
         assert abs(float(r.model.lens_light[k].amp) / lens_amp - 1) < 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.x64_only
 def test_numba_backend_gives_the_joint_value():
     enb = pytest.importorskip("equilens.numba")
