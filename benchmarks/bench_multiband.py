@@ -17,7 +17,6 @@ Medians of many calls, with the load average. Run with `nox -s bench` or
 
 import argparse
 import os
-import statistics
 import time
 
 import jax
@@ -25,6 +24,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import equinox as eqx  # noqa: E402
+from bench_forward import median_time  # noqa: E402
 from bench_numba import alternate  # noqa: E402
 
 import equilens as el  # noqa: E402
@@ -65,15 +65,6 @@ def setup():
         bands=len(bands),
     )
     return data, model
-
-
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main(repeats: int) -> None:
