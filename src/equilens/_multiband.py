@@ -54,18 +54,17 @@ def _tie(shape: PyTree, own: PyTree) -> PyTree:
     return _replace(shape, {n: getattr(own, n) for n in names})
 
 
-def _per_band(name: str, value: LightArg, n: int | None) -> tuple[tuple | None, bool]:
-    """`value` as one entry per band, and whether it was one profile shared by all bands."""
+def _per_band(name: str, value: LightArg, n: int) -> tuple[tuple | None, bool]:
+    """`value` as one entry per band (`n` of them; a sequence's length is checked by the
+    caller), and whether it was one profile shared by all bands."""
     if value is None:
         return None, False
     if isinstance(value, AbstractLightProfile):
-        return ((value,) * n if n is not None else None), True
+        return (value,) * n, True
     out = tuple(value)
     for v in out:
         if not isinstance(v, AbstractLightProfile):
             raise TypeError(f"MultiBandLensSystem.{name} entries must be light profiles, got {v!r}")
-    if n is not None and len(out) != n:
-        raise ValueError(f"MultiBandLensSystem.{name} has {len(out)} entries for {n} bands")
     return out, False
 
 
