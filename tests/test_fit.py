@@ -165,6 +165,26 @@ def test_fit_batch_and_survey():
     )
     te = np.asarray(survey.model.mass.components[0].theta_E)
     assert abs(te[0] - 1.0) < 5e-3 and abs(te[1] - 1.2) < 5e-3
+    # solved one element at a time (the batched objective cut in the same chunks): the
+    # same fits
+    chunked = el.fit_batch(
+        objectives,
+        starts,
+        "lm",
+        objective_batched=lambda o: o.weights,
+        max_steps=200,
+        batch_size=1,
+    )
+    np.testing.assert_allclose(np.asarray(chunked.model.mass.components[0].theta_E), te, rtol=1e-10)
+    # three starts in chunks of two: the last chunk padded, the padding dropped
+    three = jax.tree.map(lambda x: jnp.concatenate([x, x[:1] * 1.01]), starts)
+    whole = el.fit_batch(survey_obj, three, "lm", max_steps=100)
+    parts = el.fit_batch(survey_obj, three, "lm", max_steps=100, batch_size=2)
+    assert parts.value.shape == (3,)
+    np.testing.assert_allclose(np.asarray(parts.value), np.asarray(whole.value), rtol=1e-10)
+    assert np.array_equal(np.asarray(parts.num_steps), np.asarray(whole.num_steps))
+    with pytest.raises(ValueError, match="batch_size"):
+        el.fit_batch(survey_obj, three, "lm", batch_size=0)
 
 
 @pytest.mark.precision_independent

@@ -633,12 +633,20 @@ def fit_batch(
     max_steps: int = 500,
     rtol: float | None = None,
     atol: float | None = None,
+    batch_size: int | None = None,
 ) -> FitResult:
     """Fits a batch of starting models (array leaves with a leading batch axis, e.g. from
     `jax.tree.map(lambda *x: jnp.stack(x), *models)`) in one `vmap`-ed solve.
     `objective_batched` (a `where` function, e.g. `lambda o: o.weights`) names the parts of
     the objective that carry the same leading axis: a hyperparameter survey over term
     weights or prior parameters.
+
+    `batch_size` (default: the whole batch at once) solves the batch in consecutive chunks
+    of that many elements, one compiled program for all chunks (the last is padded with
+    copies of its last element, dropped from the result). Memory grows with the number
+    of elements solved together (the Jacobian of every element is held at once: about
+    9 GB for 32 starts of a 110x110 image supersampled twice), and a vmapped chunk runs
+    until its slowest element stops; results are the same per element.
 
     Returns a `FitResult` whose array fields have the leading batch axis; failures are
     reported per element in `result` (never raised).
@@ -670,7 +678,30 @@ def fit_batch(
     def run(obj, tmpl, r0):
         return _fit_core(kind, solver_obj, obj, param, tmpl, r0, limits, _progress(0, -1))
 
-    return _result(run(objective, models, raw0), obj0, param, first, name, t0)
+    n = jtu.tree_leaves(raw0)[0].shape[0]
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"fit_batch: batch_size must be a positive integer, got {batch_size!r}")
+    if batch_size is None or batch_size >= n:
+        out = run(objective, models, raw0)
+    else:
+
+        def chunk(tree, i):
+            # elements i .. i + batch_size - 1, the last element repeated past the end
+            rows = np.minimum(np.arange(i, i + batch_size), n - 1)
+            return jtu.tree_map(lambda x: x[rows] if eqx.is_array(x) else x, tree)
+
+        outs = []
+        for i in range(0, n, batch_size):
+            obj_i = objective
+            if objective_batched is not None:
+                obj_i = eqx.tree_at(
+                    objective_batched, objective, replace_fn=lambda x, i=i: chunk(x, i)
+                )
+            outs.append(run(obj_i, chunk(models, i), chunk(raw0, i)))
+        out = jtu.tree_map(
+            lambda *xs: jnp.concatenate(xs)[:n] if eqx.is_array(xs[0]) else xs[0], *outs
+        )
+    return _result(out, obj0, param, first, name, t0)
 
 
 def _index(tree: PyTree[Any], i: int) -> PyTree[Any]:
@@ -730,9 +761,11 @@ def multi_start(
     rtol: float | None = None,
     atol: float | None = None,
     throw: bool = True,
+    batch_size: int | None = None,
 ) -> MultiStart:
     """Fits `n_starts` starting points drawn from the objective's priors
-    (`sample_starts`) in one vmapped batch (`fit_batch`) and picks the best.
+    (`sample_starts`) in one vmapped batch (`fit_batch`, `batch_size` starts at a time)
+    and picks the best.
 
     Raises `RuntimeError` when no start succeeds and `throw` is True."""
     starts = sample_starts(key, objective, model, n_starts)
@@ -745,6 +778,7 @@ def multi_start(
         max_steps=max_steps,
         rtol=rtol,
         atol=atol,
+        batch_size=batch_size,
     )
     ok = np.asarray(batch.result._value) == RESULTS.successful._value  # pyright: ignore
     values = np.where(ok, np.asarray(batch.value), np.inf)
