@@ -4,8 +4,9 @@
 `nox -s tests-3.11` runs the fast suite in float64 and float32 on Python 3.11 (jax <= 0.10.1);
 `nox -s tests-3.12` on Python 3.12 with the newest jax. `nox -s slow` runs the tests marked
 `slow` (whole fits of real and simulated lenses) and every script in examples/;
-`nox -s numba-boundscheck` the Numba kernels' tests with bounds checking. `.ci/run` runs the
-README's test command, then `slow`, `numba-boundscheck` and the newest-jax fast suite."""
+`nox -s numba-boundscheck` the Numba kernels' tests with bounds checking; `nox -s sharding`
+the sharded == single-device checks on 1, 2 and 4 CPU devices. `.ci/run` runs the README's
+test command, then `slow`, `numba-boundscheck`, `sharding` and the newest-jax fast suite."""
 
 import os
 import pathlib
@@ -56,7 +57,17 @@ def tests(session: nox.Session, precision: str) -> None:
     """The fast suite (everything not marked `slow`) with jaxtyping + beartype runtime
     checks; float32 runs with x64 off."""
     session.install("-e", ".[test]")
-    _pytest(session, "not slow", str(session.python), precision)
+    _pytest(session, "not slow and not sharding", str(session.python), precision)
+
+
+@nox.session(python="3.11")
+def sharding(session: nox.Session) -> None:
+    """The sharded == single-device checks (tests/test_sharding.py): every term's value and
+    gradient, fits and batches, on meshes of 1, 2 and 4 of the 4 CPU devices that
+    tests/conftest.py creates (XLA_FLAGS=--xla_force_host_platform_device_count=4), float64,
+    and the two-process `jax.distributed` check."""
+    session.install("-e", ".[test]")
+    _pytest(session, "sharding", "3.11", "float64")
 
 
 @nox.session(python="3.11")
@@ -74,7 +85,7 @@ def _pytest(session: nox.Session, marker: str, python: str, precision: str) -> N
     """pytest on the xdist workers: the tests selected by `marker`, in `precision`."""
     env = {"EQUILENS_TEST_X64": "1" if precision == "float64" else "0"}
     # (the fast suite compiles at XLA's optimisation level 0: see tests/conftest.py)
-    env["EQUILENS_TEST_FAST_COMPILE"] = "1" if marker == "not slow" else "0"
+    env["EQUILENS_TEST_FAST_COMPILE"] = "0" if marker == "slow" else "1"
     env |= _jax_cache(python, precision)
     # the lenstronomy comparisons run in the crosscheck session, which installs lenstronomy
     session.run(

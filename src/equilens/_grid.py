@@ -7,8 +7,11 @@ is then the (x, y) position of the array centre.
 """
 
 import equinox as eqx
+import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Bool, Float, Int
 
 
@@ -28,6 +31,13 @@ class Grid(eqx.Module):
     - `supersampling`: integer factor; each pixel is evaluated on `supersampling^2`
       sub-pixels and binned back by averaging (default 1: pixel centres only).
 
+    - `split`: `(mesh, axis)`, a `jax.sharding.Mesh` and one of its axis names, or None
+      (default): under `jit`, arrays computed per pixel of this grid (its coordinates, the
+      ray-traced sub-pixels, the rows of a pixelized source's mapping) have their rows
+      split over that mesh axis (`jax.lax.with_sharding_constraint`; rows need not divide
+      the device count). Set by `equilens.shard`; it changes where the work runs, never
+      the numbers beyond rounding.
+
     `grid.x`, `grid.y` are the pixel-centre coordinates, each of shape `(ny, nx)`.
     """
 
@@ -35,6 +45,7 @@ class Grid(eqx.Module):
     pixel_scale: float = eqx.field(static=True)
     origin: tuple[float, float] = eqx.field(static=True, default=(0.0, 0.0))
     supersampling: int = eqx.field(static=True, default=1)
+    split: tuple[Mesh, str] | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
         if len(self.shape) != 2:
@@ -53,11 +64,30 @@ class Grid(eqx.Module):
         pixel_scale: float,
         origin: tuple[float, float] = (0.0, 0.0),
         supersampling: int = 1,
+        split: tuple[Mesh, str] | None = None,
     ):
         self.shape = (int(shape[0]), int(shape[1]))
         self.pixel_scale = float(pixel_scale)
         self.origin = (float(origin[0]), float(origin[1]))
         self.supersampling = int(supersampling)
+        if split is not None and not (
+            isinstance(split, tuple)
+            and len(split) == 2
+            and isinstance(split[0], Mesh)
+            and split[1] in split[0].axis_names
+        ):
+            raise ValueError(f"Grid.split must be (mesh, one of its axis names), got {split!r}")
+        self.split = split
+
+    def split_rows(self, a: Float[Array, "rows ..."]) -> Float[Array, "rows ..."]:
+        """`a` with its first axis split over the devices of `split` (a sharding
+        constraint, under `jit`); `a` itself when the grid is not split or outside a trace
+        (eager values stay where JAX puts them)."""
+        if self.split is None or not isinstance(a, jax.core.Tracer):
+            return a
+        mesh, axis = self.split
+        spec = PartitionSpec(axis, *([None] * (a.ndim - 1)))
+        return jax.lax.with_sharding_constraint(a, NamedSharding(mesh, spec))
 
     @property
     def pixel_area(self) -> float:
@@ -81,7 +111,7 @@ class Grid(eqx.Module):
         `(ny * s, nx * s)`)."""
         xs, ys = self._axes(self.supersampling if supersampled else 1)
         y, x = jnp.meshgrid(ys, xs, indexing="ij")
-        return x, y
+        return self.split_rows(x), self.split_rows(y)
 
     @property
     def x(self) -> Float[Array, "ny nx"]:
@@ -112,11 +142,15 @@ class Grid(eqx.Module):
             raise ValueError(f"padded shape {shape} is smaller than the grid {self.shape}")
         ox = self.origin[0] + 0.5 * (shape[1] - nx) * self.pixel_scale
         oy = self.origin[1] + 0.5 * (shape[0] - ny) * self.pixel_scale
-        return Grid(shape, self.pixel_scale, (ox, oy), self.supersampling)
+        return Grid(shape, self.pixel_scale, (ox, oy), self.supersampling, self.split)
 
     def with_supersampling(self, supersampling: int) -> "Grid":
         """The same grid with another supersampling factor."""
-        return Grid(self.shape, self.pixel_scale, self.origin, supersampling)
+        return Grid(self.shape, self.pixel_scale, self.origin, supersampling, self.split)
+
+    def with_split(self, split: tuple[Mesh, str] | None) -> "Grid":
+        """The same grid with its rows split over `split` (`(mesh, axis)`) or not (None)."""
+        return Grid(self.shape, self.pixel_scale, self.origin, self.supersampling, split)
 
     def circular_mask(
         self, radius: float, center: tuple[float, float] = (0.0, 0.0)

@@ -125,7 +125,8 @@ class Imaging(eqx.Module):
         """The same dataset with its grid moved by `(dx, dy)` arcsec on the sky (e.g. a
         band's registration offset from the model's reference frame)."""
         g = self.grid
-        grid = Grid(g.shape, g.pixel_scale, (g.origin[0] + dx, g.origin[1] + dy), g.supersampling)
+        origin = (g.origin[0] + dx, g.origin[1] + dy)
+        grid = Grid(g.shape, g.pixel_scale, origin, g.supersampling, g.split)
         return eqx.tree_at(lambda im: im.grid, self, grid)
 
     def cropped(self, margin: int | None = None) -> "Imaging":

@@ -14,8 +14,10 @@ import numpy as np
 import optax
 import optimistix as optx
 from jax.flatten_util import ravel_pytree
+from jax.sharding import Mesh
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
+from .._sharding import check_mesh, replicate, shard, split_grids
 from ..objective import Objective, Parametrisation
 from ..objective._objective import least_squares_term
 from ..objective._params import Bounds, Where, linear_leaves
@@ -634,6 +636,7 @@ def fit_batch(
     rtol: float | None = None,
     atol: float | None = None,
     batch_size: int | None = None,
+    mesh: Mesh | None = None,
 ) -> FitResult:
     """Fits a batch of starting models (array leaves with a leading batch axis, e.g. from
     `jax.tree.map(lambda *x: jnp.stack(x), *models)`) in one `vmap`-ed solve.
@@ -647,6 +650,13 @@ def fit_batch(
     of elements solved together (the Jacobian of every element is held at once: about
     9 GB for 32 starts of a 110x110 image supersampled twice), and a vmapped chunk runs
     until its slowest element stops; results are the same per element.
+
+    `mesh` (a one-axis `jax.sharding.Mesh`, e.g. `equilens.device_mesh()`) splits the
+    batch axis over its devices: each chunk (`batch_size` rounded up to a multiple of the
+    device count; the whole batch by default) is padded to that multiple with copies of
+    its last element, placed with `equilens.shard(..., batch=True)`, and solved as one
+    partitioned program; the objective is replicated (it must not be sharded over pixels
+    itself: a `ValueError` says so).
 
     Returns a `FitResult` whose array fields have the leading batch axis; failures are
     reported per element in `result` (never raised).
@@ -681,17 +691,33 @@ def fit_batch(
     n = jtu.tree_leaves(raw0)[0].shape[0]
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"fit_batch: batch_size must be a positive integer, got {batch_size!r}")
-    if batch_size is None or batch_size >= n:
+    size = n if batch_size is None else min(batch_size, n)
+    place = _identity
+    if mesh is not None:
+        if split_grids(objective):
+            raise ValueError(
+                "fit_batch(mesh=): the objective's pixels are already split over devices "
+                "(equilens.shard); a batch is split along its batch axis: pass the "
+                "objective unsharded"
+            )
+        n_dev = mesh.shape[check_mesh(mesh, None)]
+        size = -(-size // n_dev) * n_dev
+        objective = replicate(objective, mesh)
+
+        def place(tree):
+            return shard(tree, mesh, batch=True)
+
+    if size == n and mesh is None:
         out = run(objective, models, raw0)
     else:
 
         def chunk(tree, i):
-            # elements i .. i + batch_size - 1, the last element repeated past the end
-            rows = np.minimum(np.arange(i, i + batch_size), n - 1)
-            return jtu.tree_map(lambda x: x[rows] if eqx.is_array(x) else x, tree)
+            # elements i .. i + size - 1, the last element repeated past the end
+            rows = np.minimum(np.arange(i, i + size), n - 1)
+            return place(jtu.tree_map(lambda x: x[rows] if eqx.is_array(x) else x, tree))
 
         outs = []
-        for i in range(0, n, batch_size):
+        for i in range(0, n, size):
             obj_i = objective
             if objective_batched is not None:
                 obj_i = eqx.tree_at(
@@ -702,6 +728,10 @@ def fit_batch(
             lambda *xs: jnp.concatenate(xs)[:n] if eqx.is_array(xs[0]) else xs[0], *outs
         )
     return _result(out, obj0, param, first, name, t0)
+
+
+def _identity(tree: PyTree[Any]) -> PyTree[Any]:
+    return tree
 
 
 def _index(tree: PyTree[Any], i: int) -> PyTree[Any]:
@@ -762,10 +792,11 @@ def multi_start(
     atol: float | None = None,
     throw: bool = True,
     batch_size: int | None = None,
+    mesh: Mesh | None = None,
 ) -> MultiStart:
     """Fits `n_starts` starting points drawn from the objective's priors
-    (`sample_starts`) in one vmapped batch (`fit_batch`, `batch_size` starts at a time)
-    and picks the best.
+    (`sample_starts`) in one vmapped batch (`fit_batch`, `batch_size` starts at a time,
+    split over the devices of `mesh` if given) and picks the best.
 
     Raises `RuntimeError` when no start succeeds and `throw` is True."""
     starts = sample_starts(key, objective, model, n_starts)
@@ -779,6 +810,7 @@ def multi_start(
         rtol=rtol,
         atol=atol,
         batch_size=batch_size,
+        mesh=mesh,
     )
     ok = np.asarray(batch.result._value) == RESULTS.successful._value  # pyright: ignore
     values = np.where(ok, np.asarray(batch.value), np.inf)

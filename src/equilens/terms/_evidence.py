@@ -187,7 +187,9 @@ class LogEvidence(AbstractImagingTerm):
                 "mesh or a larger mask"
             )
         n_p, s2 = self.sub_x.shape
-        bx, by = system.mass.ray_shoot(self.sub_x, self.sub_y)
+        # (the mapping's image-pixel rows split over the devices of a sharded grid; the
+        # source-plane solve below is replicated)
+        bx, by = system.mass.ray_shoot(grid.split_rows(self.sub_x), grid.split_rows(self.sub_y))
         geometry = src.mesh.geometry(system.mass, bx.reshape(-1), by.reshape(-1))
         idx, w = geometry.interpolation(bx.reshape(-1), by.reshape(-1))
         k = s2 * idx.shape[1]
