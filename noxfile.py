@@ -153,5 +153,6 @@ def bench(session: nox.Session) -> None:
         "benchmarks/bench_pixelized.py",
         "benchmarks/bench_numba.py",
         "benchmarks/bench_multiband.py",
+        "benchmarks/bench_sharding.py",
     ):
         session.run("python", script, *session.posargs)

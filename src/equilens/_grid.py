@@ -89,6 +89,15 @@ class Grid(eqx.Module):
         spec = PartitionSpec(axis, *([None] * (a.ndim - 1)))
         return jax.lax.with_sharding_constraint(a, NamedSharding(mesh, spec))
 
+    def gathered(self, a: Float[Array, "..."]) -> Float[Array, "..."]:
+        """`a` replicated on every device of `split` (under `jit`): what an FFT
+        convolution of a split image needs (XLA's partitioning of an FFT along a split
+        axis is not used: in complex128 it fails to compile); `a` itself when the grid is
+        not split or outside a trace."""
+        if self.split is None or not isinstance(a, jax.core.Tracer):
+            return a
+        return jax.lax.with_sharding_constraint(a, NamedSharding(self.split[0], PartitionSpec()))
+
     @property
     def pixel_area(self) -> float:
         """Area of one pixel in arcsec^2."""

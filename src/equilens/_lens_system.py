@@ -192,11 +192,12 @@ def _render(
     leading batch axes) as `LensSystem.image` describes."""
     if psf is None:
         return _bin(grid, flux_fn(grid))
+    # (a grid split over devices: the flux is computed split, convolved gathered)
     sub_shape = (grid.shape[0] * grid.supersampling, grid.shape[1] * grid.supersampling)
     if isinstance(psf, AbstractPSF):
         if psf.supersampling == grid.supersampling and grid.supersampling > 1:
             # PSF defined at the sub-pixel scale: convolve, then bin
-            return _bin(grid, _map2d(psf.convolve, flux_fn(grid)))
+            return _bin(grid, _map2d(psf.convolve, grid.gathered(flux_fn(grid))))
         if psf.supersampling != 1:
             raise ValueError(
                 f"PSF supersampling {psf.supersampling} must be 1 or equal the grid's "
@@ -204,7 +205,7 @@ def _render(
             )
         psf = psf.fft_operator(grid.shape)
     if psf.image_shape == sub_shape and grid.supersampling > 1:
-        return _bin(grid, _map2d(psf, flux_fn(grid)))
+        return _bin(grid, _map2d(psf, grid.gathered(flux_fn(grid))))
     if psf.image_shape != grid.shape:
         raise ValueError(
             f"FFTConvolution prepared for shape {psf.image_shape}, but the grid has shape "
@@ -215,4 +216,5 @@ def _render(
     padded = grid.padded((grid.shape[0], psf.fft_shape[1]))
     inside = np.zeros((sub_shape[0], padded.shape[1] * grid.supersampling), dtype=bool)
     inside[:, : sub_shape[1]] = True
-    return _map2d(psf.convolve_padded, _bin(padded, jnp.where(inside, flux_fn(padded), 0.0)))
+    flux = _bin(padded, jnp.where(inside, flux_fn(padded), 0.0))
+    return _map2d(psf.convolve_padded, grid.gathered(flux))

@@ -287,7 +287,8 @@ class LogEvidence(AbstractImagingTerm):
         amps, values = x[:n_lin], x[n_lin:]
 
         flux = map_to_image(idx, w, values)
-        source_image = conv(jnp.zeros(ny * nx, w.dtype).at[self.mapped].set(flux).reshape(ny, nx))
+        lensed = jnp.zeros(ny * nx, w.dtype).at[self.mapped].set(flux).reshape(ny, nx)
+        source_image = conv(grid.gathered(lensed))
         model = source_image + jnp.tensordot(amps, images, axes=1)
         if fixed is not None:
             model = model + fixed
