@@ -7,7 +7,8 @@ run (`equilens.shard`, `fit_batch(mesh=)`), float64.
   rectangular source mesh, constant regularization) on a 400x400 image at 0.05" with a 4"
   mask, the mapping's image-pixel rows split.
 - 256 multi-start fits: `fit_batch` of 256 starts (10 Levenberg-Marquardt steps each) on
-  a 60x60 image, the batch axis split (on a CPU: 1 and 2 devices; see BATCH_DEVICES).
+  a 60x60 image, the batch axis split (with jaxlib 0.10, one start per CPU device at a
+  time: see `equilens.shard`'s docs on that jaxlib's LAPACK deadlock).
 
 Without an accelerator the devices are XLA's virtual CPU devices
 (`--xla_force_host_platform_device_count=4`, set here unless XLA_FLAGS names a count):
@@ -39,10 +40,6 @@ import equilens as el  # noqa: E402
 from equilens import light, mass  # noqa: E402
 
 DEVICES = [n for n in (1, 2, 4) if n <= len(jax.devices())]
-# The vmapped batch of 256 fits split over 4 virtual CPU devices on a 2-core machine
-# deadlocked (no CPU use, no output in 600 s; 2 devices finish): 1 and 2 devices only on
-# a CPU until that is understood.
-BATCH_DEVICES = DEVICES if jax.devices()[0].platform != "cpu" else [n for n in DEVICES if n <= 2]
 
 
 def _lens(lens_light=True):
@@ -106,7 +103,7 @@ def main(repeats: int) -> None:
         start,
     )
     base = None
-    for n in BATCH_DEVICES:
+    for n in DEVICES:
         mesh = el.device_mesh(n)
         el.fit_batch(objective, starts, "lm", max_steps=10, mesh=mesh)  # compiles
         times = []

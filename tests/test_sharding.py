@@ -7,6 +7,7 @@ The test configuration (conftest.py) creates 4 CPU devices. Run by the `sharding
 session (the 1/2/4-device matrix), deselected by `tests`.
 """
 
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -194,6 +195,42 @@ def test_bad_meshes_and_batches_are_refused(data):
     objective = el.Objective(term)
     with pytest.raises(ValueError, match="already split"):
         el.fit_batch(el.shard(objective, el.device_mesh(2)), starts, mesh=el.device_mesh(2))
+
+
+def test_several_fits_per_device():
+    """Two Levenberg-Marquardt fits per device on 4 devices (a batched QR every step):
+    jaxlib 0.10's batched CPU LAPACK kernels deadlock there, so `fit_batch(mesh=)` solves
+    one element per device at a time on that jaxlib, and `shard(batch=True)` warns. Run in
+    its own process: a deadlock fails on the timeout instead of hanging the suite."""
+    worker = pathlib.Path(__file__).with_name("batch_worker.py")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run(
+        [sys.executable, str(worker)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=400,
+        check=False,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    r = next(
+        json.loads(line[len("RESULT ") :])
+        for line in out.stdout.splitlines()
+        if line.startswith("RESULT ")
+    )
+    # the same minima; at the optimum the stop test may pass a few steps apart, the
+    # batch's vector widths differing (2 elements per device against 8)
+    assert r["success"]
+    np.testing.assert_allclose(r["value"], r["value_single"], rtol=RTOL)
+    np.testing.assert_allclose(r["theta_E"], r["theta_E_single"], rtol=1e-7)
+    np.testing.assert_allclose(r["theta_E"], 1.2, atol=0.01)
+    assert max(abs(a - b) for a, b in zip(r["steps"], r["steps_single"], strict=True)) <= 5
+    jaxlib = tuple(int(p) for p in importlib.metadata.version("jaxlib").split(".")[:2])
+    old_jaxlib = jaxlib == (0, 10)
+    assert r["affected"] == old_jaxlib
+    assert len(r["warnings"]) == int(old_jaxlib)
+    if old_jaxlib:
+        assert "deadlock" in r["warnings"][0] and "2 elements per CPU device" in r["warnings"][0]
 
 
 def test_two_processes_with_a_global_mesh():

@@ -20,8 +20,20 @@ What is split, by type:
 Nothing is changed behind the user's back: a mesh whose axes are not `AxisType.Auto`, a
 batch that does not divide, or a term whose pixelized route runs on the host (a callback,
 which cannot be split) raise `ValueError` with the reason.
+
+jaxlib 0.10 (the newest jax on Python 3.11) runs a batched CPU LAPACK kernel (QR,
+Cholesky, LU, ...) by handing the batch's matrices to XLA's intra-op thread pool and
+waiting for them on a pool thread. When several CPU devices of one process run such a
+kernel at the same time (a vmapped batch split over devices, two or more elements per
+device: every Levenberg-Marquardt step factorises a batch of Jacobians) every pool thread
+waits and the program deadlocks. jaxlib 0.11 builds that parallel path out. On the
+affected jaxlib, `fit_batch(mesh=)` therefore solves one element per device at a time
+(same results), and `shard(batch=True)` warns when it places more than one element per
+CPU device (`lapack_batches_deadlock`).
 """
 
+import importlib.metadata
+import warnings
 from typing import Any, TypeVar
 
 import equinox as eqx
@@ -32,6 +44,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from ._grid import Grid
 
 T = TypeVar("T")
+
+#: the installed jaxlib's version (major, minor)
+JAXLIB_VERSION = tuple(int(p) for p in importlib.metadata.version("jaxlib").split(".")[:2])
 
 
 def device_mesh(n_devices: int | None = None, axis: str = "devices") -> Mesh:
@@ -67,6 +82,14 @@ def check_mesh(mesh: Mesh, axis: str | None) -> str:
             "with equilens.device_mesh, or jax.make_mesh(..., axis_types=(AxisType.Auto,)))"
         )
     return axis
+
+
+def lapack_batches_deadlock(mesh: Mesh) -> bool:
+    """Whether batched LAPACK kernels can deadlock on `mesh`: jaxlib 0.10.x and more than
+    one CPU device of this process in it (see the module docstring)."""
+    me = jax.process_index()
+    local = [d for d in mesh.devices.flat if d.process_index == me and d.platform == "cpu"]
+    return JAXLIB_VERSION == (0, 10) and len(local) > 1
 
 
 def _check_host_routes(x: Any, mesh: Mesh) -> None:
@@ -109,6 +132,17 @@ def shard(x: T, mesh: Mesh, *, axis: str | None = None, batch: bool = False) -> 
                     f"{n_dev} devices along its batch axis (pass the batch to "
                     "fit_batch(..., mesh=mesh), which pads it)"
                 )
+        if leaves[0].shape[0] > n_dev and lapack_batches_deadlock(mesh):
+            warnings.warn(
+                f"shard(batch=True): {leaves[0].shape[0] // n_dev} elements per CPU device "
+                f"with jaxlib {importlib.metadata.version('jaxlib')}, whose batched LAPACK "
+                "kernels (QR, Cholesky, ...) deadlock when several CPU devices run them at "
+                "once: vmap no linear algebra over this batch, place one element per "
+                "device, or use jaxlib >= 0.11 (Python >= 3.12); fit_batch(mesh=) does the "
+                "second itself",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
         def put_batch(leaf):
             if not eqx.is_array(leaf):

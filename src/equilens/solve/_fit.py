@@ -17,7 +17,7 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from .._sharding import check_mesh, replicate, shard, split_grids
+from .._sharding import check_mesh, lapack_batches_deadlock, replicate, shard, split_grids
 from ..objective import Objective, Parametrisation
 from ..objective._objective import least_squares_term
 from ..objective._params import Bounds, Where, linear_leaves
@@ -656,7 +656,10 @@ def fit_batch(
     device count; the whole batch by default) is padded to that multiple with copies of
     its last element, placed with `equilens.shard(..., batch=True)`, and solved as one
     partitioned program; the objective is replicated (it must not be sharded over pixels
-    itself: a `ValueError` says so).
+    itself: a `ValueError` says so). With jaxlib 0.10 (Python 3.11) on several CPU
+    devices, chunks hold one element per device whatever `batch_size` says: that
+    jaxlib's batched LAPACK kernels deadlock when several CPU devices run them at once
+    (`equilens.shard` docs); the results are the same.
 
     Returns a `FitResult` whose array fields have the leading batch axis; failures are
     reported per element in `result` (never raised).
@@ -701,7 +704,8 @@ def fit_batch(
                 "objective unsharded"
             )
         n_dev = mesh.shape[check_mesh(mesh, None)]
-        size = -(-size // n_dev) * n_dev
+        # one element per device where jaxlib's batched CPU LAPACK kernels deadlock
+        size = n_dev if lapack_batches_deadlock(mesh) else -(-size // n_dev) * n_dev
         objective = replicate(objective, mesh)
 
         def place(tree):
