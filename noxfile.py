@@ -56,8 +56,9 @@ def typecheck(session: nox.Session) -> None:
 @nox.parametrize("precision", ["float64", "float32"])
 def tests(session: nox.Session, precision: str) -> None:
     """The fast suite (everything not marked `slow`) with jaxtyping + beartype runtime
-    checks; float32 runs with x64 off."""
-    session.install("-e", ".[test]")
+    checks; float32 runs with x64 off. Installs the sampling extra (blackjax, arviz) for
+    the NUTS tests."""
+    session.install("-e", ".[test,sampling]")
     _pytest(session, "not slow and not sharding", str(session.python), precision)
 
 

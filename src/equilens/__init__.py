@@ -39,8 +39,10 @@ from .regularization import (
 from .solve import (
     RESULTS as RESULTS,
     FitResult as FitResult,
+    Posterior as Posterior,
     fit as fit,
     fit_batch as fit_batch,
+    sample as sample,
     search as search,
 )
 from .source import (

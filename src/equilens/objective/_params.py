@@ -92,6 +92,18 @@ def _forward(raw: Array, bounds: Bounds | None) -> Array:
     return lo + (hi - lo) * jax.nn.sigmoid(raw)
 
 
+def _log_abs_slope(raw: Array, bounds: Bounds | None) -> Array:
+    """`log |d _forward(raw) / d raw|`, elementwise."""
+    if bounds is None:
+        return jnp.zeros_like(raw)
+    lo, hi = bounds
+    if math.isinf(lo) and math.isinf(hi):
+        return jnp.zeros_like(raw)
+    if math.isinf(lo) or math.isinf(hi):
+        return raw
+    return math.log(hi - lo) + jax.nn.log_sigmoid(raw) + jax.nn.log_sigmoid(-raw)
+
+
 #: A starting value exactly at a finite bound (as a fit that ran onto it returns: the
 #: bounded map reaches the bound in floating point) starts this fraction of the interval
 #: (or of `max(1, |bound|)` for a one-sided interval) inside it; in float32, 4 ulps.
@@ -236,6 +248,14 @@ class Parametrisation(eqx.Module):
             for leaf, f, b in zip(leaves, self.free, self.bounds, strict=True)
         ]
         return jtu.tree_unflatten(self.treedef, new)
+
+    def log_jacobian(self, raw: tuple[Float[Array, "..."], ...]) -> Float[Array, ""]:
+        """`log |det d values / d raw|` at the unconstrained values `raw`: what turns a
+        density over the physical values into one over `raw` (the maps are elementwise,
+        so the Jacobian is diagonal)."""
+        bounds = [b for f, b in zip(self.free, self.bounds, strict=True) if f]
+        terms = [jnp.sum(_log_abs_slope(r, b)) for r, b in zip(raw, bounds, strict=True)]
+        return jnp.sum(jnp.stack(terms)) if terms else jnp.zeros(())
 
     def values(self, model: PyTree[Any]) -> tuple[Float[Array, "..."], ...]:
         """The physical values of the free leaves of `model`."""

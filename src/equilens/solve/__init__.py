@@ -1,6 +1,7 @@
 """Fitting: `fit` (one start), `fit_batch` and `multi_start` (vmapped batches of starts or
 objectives), `search` (a global first stage: many starts screened, the best refined),
-`FitResult` and its `RESULTS` codes, plausibility checks, saving and loading."""
+`FitResult` and its `RESULTS` codes, `sample` (NUTS posterior draws, a `Posterior`),
+plausibility checks, saving and loading."""
 
 from ._fit import (
     SOLVER_NAMES as SOLVER_NAMES,
@@ -31,6 +32,7 @@ from ._pipeline import (
 )
 from ._plausible import implausible_notes as implausible_notes
 from ._result import RESULTS as RESULTS, FitResult as FitResult
+from ._sample import Posterior as Posterior, sample as sample
 from ._search import (
     ArcPlacement as ArcPlacement,
     Search as Search,
