@@ -70,7 +70,7 @@ def sharding(session: nox.Session) -> None:
     and the two-process `jax.distributed` check. On Python 3.11 (jaxlib 0.10, whose batched
     CPU LAPACK kernels deadlock on several devices: fit_batch's one-element-per-device
     route) and 3.12 (the newest jax: several elements per device)."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,sampling]")
     _pytest(session, "sharding", str(session.python), "float64")
 
 

@@ -306,3 +306,39 @@ def test_pixelized_fit_of_bands_writes_evidence_per_band(band_file, tmp_path):
         assert (tmp_path / f"pix_{name}.png").exists()
         with fits.open(tmp_path / f"pix_{name}_source.fits") as hdul:
             assert np.nanmax(hdul[0].data) > 5 * np.nanmedian(hdul["ERRORS"].data)
+
+
+def _sample_args(paths, *extra):
+    argv = _args(paths)
+    return ["sample", *argv[1:], *extra]
+
+
+@pytest.mark.slow
+def test_sample_command_writes_posterior_netcdf_and_corner(fits_files, tmp_path, capsys):
+    pytest.importorskip("blackjax")
+    pytest.importorskip("arviz")
+    out = tmp_path / "post.json"
+    argv = _sample_args(fits_files, "--chains", "2", "--warmup", "200", "--samples", "300")
+    code = main([*argv, "--json", str(out)])
+    result = json.loads(out.read_text())
+    post = result["posterior"]
+    assert post["chains"] == 2 and post["draws"] == 300
+    theta = post["parameters"]["mass.components[0].theta_E"]
+    assert theta["p16"] < theta["p50"] < theta["p84"]
+    assert abs(theta["mean"] - 1.0) < 5 * theta["std"] + 2e-3
+    fit_error = result["fit"]["components"][0]["parameters"]["theta_E"]["error"]
+    assert 0.5 < theta["std"] / fit_error < 2.0
+    assert (tmp_path / "post.nc").stat().st_size > 0
+    assert (tmp_path / "post_corner.png").exists()
+    rhat = max(p["rhat"] for p in post["parameters"].values())
+    converged = rhat < 1.01 and post["divergent"] == 0
+    assert code == (0 if converged else 2)
+    if not converged:
+        assert "the sampling did not succeed" in capsys.readouterr().err
+
+
+def test_sample_command_refuses_bad_counts(fits_files, tmp_path, capsys):
+    for option in ("--chains", "--samples"):
+        argv = _sample_args(fits_files, option, "0", "--json", str(tmp_path / "x.json"))
+        assert main(argv) == 1
+        assert f"{option} must be >= 1" in capsys.readouterr().err

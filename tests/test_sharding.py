@@ -233,6 +233,23 @@ def test_several_fits_per_device():
         assert "deadlock" in r["warnings"][0] and "2 elements per CPU device" in r["warnings"][0]
 
 
+def test_sample_chains_split_over_devices(data):
+    """NUTS chains split over 2 devices draw what the vmapped chains on one device draw
+    (to rounding, which the short chains do not amplify past 1e-6)."""
+    pytest.importorskip("blackjax")
+    objective = el.Objective(el.GaussianLikelihood(data))
+    model = _truth()
+    free = el.select(model, lambda s: s.mass.components[0].theta_E)
+    kwargs = dict(free=free, n_chains=2, n_warmup=20, n_samples=20)
+    one = el.sample(jax.random.key(5), objective, model, **kwargs)
+    two = el.sample(jax.random.key(5), objective, model, mesh=el.device_mesh(2), **kwargs)
+    np.testing.assert_allclose(np.asarray(two.samples), np.asarray(one.samples), rtol=1e-6)
+    with pytest.raises(ValueError, match="multiple"):
+        el.sample(
+            jax.random.key(5), objective, model, mesh=el.device_mesh(2), **kwargs | {"n_chains": 3}
+        )
+
+
 def test_two_processes_with_a_global_mesh():
     """Several hosts, as far as one machine allows: two processes on localhost joined by
     `jax.distributed.initialize`, 2 CPU devices each, a global mesh of 4; the sharded

@@ -30,13 +30,22 @@ the JSON names each light component's band and lists each band's chi2, and one f
 band is written (OUT_<band>.png). With `--source pixelized` the joint parametric fit is
 followed by a pixelized source in every band, on one mesh (built on the first band) with a
 regularization strength per band, fitted by the sum of the bands' evidences
-(`equilens.solve.fit_multiband_pixelized`; OUT_<band>_source.fits per band). Errors are one
+(`equilens.solve.fit_multiband_pixelized`; OUT_<band>_source.fits per band). `equilens sample IMAGE.fits --noise-map ... --psf ... --pixel-scale ... [--chains 4]
+[--warmup 500] [--samples 1000] [--seed 0] --json OUT.json` (the model options as for one
+image, parametric sources) fits, then draws the posterior with NUTS from the fit
+(`equilens.sample`, `pip install equilens[sampling]`): OUT.json holds the fit and, per
+parameter, the posterior `mean`, `std`, `p16`, `p50`, `p84`, `ess` and `rhat`; the draws
+are written as NetCDF (OUT.nc, ArviZ) and a corner plot as OUT_corner.png; exit status 2
+when a chain did not converge (an R-hat at or above 1.01, or divergent transitions).
+
+Errors are one
 line on stderr and exit status 1; a fit that did not converge, or converged to an
 implausible model (a parameter at a bound, a source larger than the data), writes its
 results, says why on stderr and exits with status 2.
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -264,6 +273,100 @@ def run_fit(
     write_json(json_path, result, **extra)
     print(f"  result: {json_path}\n  figure: {png}\n  wall time {time.perf_counter() - t0:.1f} s")
     out["status"] = "successful" if result.success else result.message()
+    return out
+
+
+def run_sample(
+    imaging,
+    json_path: str,
+    mass: str,
+    lens_light: str | None,
+    source: str,
+    *,
+    n_chains: int = 4,
+    n_warmup: int = 500,
+    n_samples: int = 1000,
+    seed: int = 0,
+    solver: str = "lm",
+    max_steps: int | None = None,
+    positions=None,
+    positions_sigma: float | None = None,
+    title: str = "",
+) -> dict[str, str]:
+    """Fits `imaging` as `run_fit` does (parametric source), then draws the posterior with
+    NUTS (`equilens.sample`, started from the fit) over the same objective. Writes the JSON
+    (the fit under `fit`, the posterior under `posterior`: per parameter `mean`, `std`,
+    `p16`, `p50`, `p84`, `ess`, `rhat`), the draws as NetCDF (`.nc`, ArviZ) and a corner
+    plot (`_corner.png`) beside it. The status is `"successful"` when every R-hat is below
+    1.01 with no divergent transitions."""
+    import jax
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .objective import Objective
+    from .solve import fit_lens, result_to_dict, sample
+    from .solve._pipeline import _positions_term
+    from .terms import GaussianLikelihood
+
+    if source == "pixelized":
+        raise ValueError("equilens sample: --source pixelized is not supported yet")
+    t0 = time.perf_counter()
+    print(
+        f"equilens: sampling {mass} mass, {lens_light or 'no'} lens light, {source} source "
+        f"on {imaging.shape[0]}x{imaging.shape[1]} pixels ({int(imaging.mask.sum())} in the "
+        f"mask): a fit, then {n_chains} NUTS chains of {n_warmup} warm-up + {n_samples} draws"
+    )
+    result = fit_lens(
+        imaging,
+        mass,
+        lens_light,
+        source,
+        solver=solver,
+        max_steps=300 if max_steps is None else max_steps,
+        positions=positions,
+        positions_sigma=positions_sigma,
+        progress=sys.stderr.isatty(),
+    )
+    print(result.table())
+    terms: list = [GaussianLikelihood(imaging, nonnegative=True)]
+    if positions is not None:
+        terms.append(_positions_term(positions, positions_sigma, imaging.pixel_scale))
+    post = sample(
+        jax.random.key(seed),
+        Objective(terms),
+        result,
+        n_chains=n_chains,
+        n_warmup=n_warmup,
+        n_samples=n_samples,
+    )
+    print(post.summary())
+    folder = os.path.dirname(os.path.abspath(json_path))
+    os.makedirs(folder, exist_ok=True)
+    base = os.path.splitext(json_path)[0]
+    out = {"json": json_path, "netcdf": base + ".nc", "corner": base + "_corner.png"}
+    post.to_arviz().to_netcdf(out["netcdf"])
+    fig = post.corner(truths=list(map(float, result.values)))
+    if title:
+        fig.suptitle(title)
+    fig.savefig(out["corner"], dpi=80)
+    plt.close(fig)
+    summary = post.to_dict()
+    with open(json_path, "w") as f:
+        json.dump({"fit": result_to_dict(result), "posterior": summary}, f, indent=2)
+    rhat = [p["rhat"] for p in summary["parameters"].values() if p["rhat"] is not None]
+    converged = summary["divergent"] == 0 and all(r < 1.01 for r in rhat)
+    print(
+        f"  result: {json_path}\n  draws: {out['netcdf']}\n  corner plot: {out['corner']}\n"
+        f"  wall time {time.perf_counter() - t0:.1f} s"
+    )
+    out["status"] = (
+        "successful"
+        if converged
+        else f"not converged: max R-hat {max(rhat, default=float('nan')):.4f}, "
+        f"{summary['divergent']} divergent transitions (run longer chains)"
+    )
     return out
 
 
@@ -508,6 +611,31 @@ def main(argv: list[str] | None = None) -> int:
         "--positions-sigma", type=float, help="1-sigma of the positions (arcsec; default a pixel)"
     )
     fit.add_argument("--json", required=True, help="output JSON path (PNG written beside it)")
+    smp = sub.add_parser(
+        "sample", help="fit, then draw the posterior with NUTS (pip install equilens[sampling])"
+    )
+    smp.add_argument("image", help="image FITS file (flux per pixel)")
+    smp.add_argument("--noise-map", required=True, help="1-sigma noise FITS file")
+    smp.add_argument("--psf", required=True, help="PSF kernel FITS file (odd-sized)")
+    smp.add_argument("--pixel-scale", type=float, required=True, help="arcsec per pixel")
+    smp.add_argument("--mask", help="FITS file, non-zero = pixel excluded")
+    smp.add_argument("--mask-radius", type=float, help="use pixels within R arcsec of the centre")
+    smp.add_argument("--mass", default="sie+shear", help="mass profiles, '+'-joined")
+    smp.add_argument("--lens-light", default="mge", help="lens light profiles, or none")
+    smp.add_argument("--source", default="sersic", help="source light profiles (parametric)")
+    smp.add_argument("--supersampling", type=int, default=1, help="sub-pixels per pixel side")
+    smp.add_argument("--solver", default="lm", help="solver of the fit the chains start from")
+    smp.add_argument("--max-steps", type=int, default=None, help="solver steps per fit")
+    smp.add_argument("--positions", help="text file: x y of the multiple images (arcsec)")
+    smp.add_argument("--positions-sigma", type=float, help="1-sigma of the positions (arcsec)")
+    smp.add_argument("--sampler", default="nuts", choices=["nuts"], help="the sampler (NUTS)")
+    smp.add_argument("--chains", type=int, default=4, help="NUTS chains (vmapped)")
+    smp.add_argument("--warmup", type=int, default=500, help="window-adaptation steps per chain")
+    smp.add_argument("--samples", type=int, default=1000, help="draws kept per chain")
+    smp.add_argument("--seed", type=int, default=0, help="random seed")
+    smp.add_argument(
+        "--json", required=True, help="output JSON path (NetCDF draws, corner plot beside it)"
+    )
     args = parser.parse_args(argv)
 
     import jax
@@ -516,6 +644,40 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             out = run_demo(args.output, args.solver)
+        elif args.command == "sample":
+            if args.supersampling < 1:
+                raise ValueError(f"--supersampling must be >= 1, got {args.supersampling}")
+            for option, value, least in (
+                ("--chains", args.chains, 1),
+                ("--warmup", args.warmup, 0),
+                ("--samples", args.samples, 1),
+            ):
+                if value < least:
+                    raise ValueError(f"{option} must be >= {least}, got {value}")
+            imaging = _load(
+                args.image,
+                args.noise_map,
+                args.psf,
+                args.pixel_scale,
+                args.mask,
+                args.mask_radius,
+                args.supersampling,
+            )
+            out = run_sample(
+                imaging,
+                args.json,
+                args.mass,
+                None if args.lens_light.lower() == "none" else args.lens_light,
+                args.source,
+                n_chains=args.chains,
+                n_warmup=args.warmup,
+                n_samples=args.samples,
+                seed=args.seed,
+                solver=args.solver,
+                max_steps=args.max_steps,
+                positions=_positions(args.positions),
+                positions_sigma=args.positions_sigma,
+            )
         else:
             if args.supersampling < 1:
                 raise ValueError(f"--supersampling must be >= 1, got {args.supersampling}")
@@ -580,7 +742,8 @@ def main(argv: list[str] | None = None) -> int:
 def _exit(out: dict[str, str]) -> int:
     if out["status"] != "successful":
         # the results are written for inspection, but a failed fit is not a success
-        print(f"equilens: the fit did not succeed: {out['status']}", file=sys.stderr)
+        what = "the sampling" if "netcdf" in out else "the fit"
+        print(f"equilens: {what} did not succeed: {out['status']}", file=sys.stderr)
         return 2
     return 0
 

@@ -22,8 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
+from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
+from .._sharding import check_mesh, lapack_batches_deadlock, replicate, shard, split_grids
 from ..objective import Objective, Parametrisation
 from ..objective._params import _log_abs_slope
 from ._result import FitResult
@@ -144,14 +146,14 @@ class Posterior(eqx.Module):
         d = self.to_dict()
         width = max(len(n) for n in self.names)
         head = ["mean", "std", "16%", "50%", "84%", "ess", "r_hat"]
-        lines = [f"{'parameter':<{width}}" + "".join(f"{h:>12}" for h in head)]
+        lines = [f"{'parameter':<{width}}" + "".join(f"{h:>13}" for h in head)]
         for name, p in d["parameters"].items():
             vals = [p["mean"], p["std"], p["p16"], p["p50"], p["p84"]]
             rhat = "-" if p["rhat"] is None else f"{p['rhat']:.4f}"
             lines.append(
                 f"{name:<{width}}"
-                + "".join(f"{v:>12.6g}" for v in vals)
-                + f"{p['ess']:>12.0f}{rhat:>12}"
+                + "".join(f"{v:>13.6g}" for v in vals)
+                + f"{p['ess']:>13.0f}{rhat:>13}"
             )
         lines.append(
             f"{d['chains']} chains x {d['draws']} draws (NUTS), "
@@ -244,6 +246,8 @@ def sample(
     target_acceptance: float = 0.8,
     max_tree_depth: int = 10,
     spread: float = 1.0,
+    dense_mass: bool = True,
+    mesh: Mesh | None = None,
 ) -> Posterior:
     """Samples the posterior `exp(-objective(model))` over the free parameters with the
     No-U-Turn Sampler (`blackjax.nuts`), `n_chains` chains vmapped in one program.
@@ -261,6 +265,13 @@ def sample(
     - `free`, `bounds`: as for `equilens.fit` (the same parameters and intervals).
     - `target_acceptance`: the step-size adaptation's target; `max_tree_depth`: NUTS's
       (at most `2**max_tree_depth` leapfrog steps per draw).
+    - `dense_mass`: adapt a dense mass matrix (default; lens parameters are strongly
+      correlated, e.g. a Sersic index with its radius) rather than a diagonal one. Seeded
+      with the start fit's covariance when there is one.
+    - `mesh`: a one-axis `jax.sharding.Mesh` (`equilens.device_mesh()`) to split the
+      chains over (`n_chains` a multiple of its device count; the objective replicated).
+      With jaxlib 0.10 on several CPU devices, one chain per device (that jaxlib's
+      batched LAPACK kernels deadlock there: see `equilens.shard`).
 
     Returns a `Posterior` (physical values, `(chains, draws, n_params)`). Needs
     `blackjax` (`pip install equilens[sampling]`). Check `Posterior.rhat()` (< 1.01) and
@@ -303,7 +314,7 @@ def sample(
     else:
         chol = jnp.asarray(np.linalg.cholesky(raw_cov), dtype)
         positions = z0[None] + float(spread) * eps @ chol.T
-        inverse_mass = jnp.asarray(np.diagonal(raw_cov), dtype)
+        inverse_mass = jnp.asarray(raw_cov if dense_mass else np.diagonal(raw_cov), dtype)
 
     def log_density(z, obj):
         raw = unravel(z)
@@ -320,6 +331,7 @@ def sample(
             warmup: Any = blackjax.window_adaptation(
                 blackjax.nuts,
                 density,
+                is_mass_matrix_diagonal=not dense_mass,
                 initial_inverse_mass_matrix=inverse_mass,
                 target_acceptance_rate=target_acceptance,
                 max_num_doublings=max_tree_depth,
@@ -346,10 +358,30 @@ def sample(
 
         return jax.vmap(chain)(keys, positions)
 
+    keys = jax.random.split(key_run, n_chains)
+    if mesh is not None:
+        if split_grids(objective):
+            raise ValueError(
+                "sample(mesh=): the objective's pixels are already split over devices; "
+                "chains are split along their own axis: pass the objective unsharded"
+            )
+        n_dev = mesh.shape[check_mesh(mesh, None)]
+        if n_chains % n_dev:
+            raise ValueError(
+                f"sample(mesh=): n_chains ({n_chains}) must be a multiple of the mesh's "
+                f"{n_dev} devices"
+            )
+        if n_chains > n_dev and lapack_batches_deadlock(mesh):
+            raise ValueError(
+                f"sample(mesh=): {n_chains // n_dev} chains per CPU device with jaxlib 0.10, "
+                "whose batched LAPACK kernels deadlock on several CPU devices (equilens.shard "
+                f"docs): use n_chains={n_dev}, one device, or jaxlib >= 0.11 (Python >= 3.12)"
+            )
+        objective = replicate(objective, mesh)
+        keys, positions = shard((keys, positions), mesh, batch=True)
+        inverse_mass = replicate(inverse_mass, mesh)
     with _blackjax_promotion():
-        (phys, lp, div, acc, steps), step_size = run(
-            objective, jax.random.split(key_run, n_chains), positions, inverse_mass
-        )
+        (phys, lp, div, acc, steps), step_size = run(objective, keys, positions, inverse_mass)
     return Posterior(
         samples=phys,
         log_posterior=lp,
