@@ -56,8 +56,8 @@ def typecheck(session: nox.Session) -> None:
 @nox.parametrize("precision", ["float64", "float32"])
 def tests(session: nox.Session, precision: str) -> None:
     """The fast suite (everything not marked `slow`) with jaxtyping + beartype runtime
-    checks; float32 runs with x64 off. Installs the sampling extra (blackjax, arviz) for
-    the NUTS tests."""
+    checks; float32 runs with x64 off. Installs the sampling extra (blackjax, nautilus,
+    arviz) for the samplers' tests."""
     session.install("-e", ".[test,sampling]")
     _pytest(session, "not slow and not sharding", str(session.python), precision)
 
@@ -80,7 +80,8 @@ def slow(session: nox.Session) -> None:
     seeds and solvers, evidence fits) and every script in examples/ (tests/test_examples.py
     runs each in its own process), shared out over the pytest-xdist workers. Installs
     lenstronomy (one lens of the lenstronomy-simulated validation suite is fitted end to
-    end) and the sampling extra (the nested-sampling example)."""
+    end) and the sampling extra (the samplers' lens-sized tests, the nested-sampling and
+    model-comparison examples)."""
     session.install("-e", ".[test,crosscheck,sampling]")
     _pytest(session, "slow", "3.11", "float64")
 
@@ -158,5 +159,6 @@ def bench(session: nox.Session) -> None:
         "benchmarks/bench_numba.py",
         "benchmarks/bench_multiband.py",
         "benchmarks/bench_sharding.py",
+        "benchmarks/bench_sampling.py",
     ):
         session.run("python", script, *session.posargs)

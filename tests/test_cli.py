@@ -1,6 +1,7 @@
 """The `equilens` command: the demo fit on the shipped HST data, `fit`, and bad input."""
 
 import json
+import math
 
 import jax
 import numpy as np
@@ -49,10 +50,14 @@ def fits_files(tmp_path_factory):
     grid = el.Grid((50, 50), 0.06)
     psf = el.GaussianPSF(0.12, 0.06)
     data = el.simulate(jax.random.key(0), truth, grid, psf, exposure_time=1500.0, sky_level=0.5)
+    no_light = el.LensSystem(mass=truth.mass, source=truth.source)
+    dark = el.simulate(jax.random.key(1), no_light, grid, psf, exposure_time=1500.0, sky_level=0.5)
     paths = {}
     for name, arr in [
         ("image", data.data),
         ("noise", data.noise_map),
+        ("dark", dark.data),
+        ("dark_noise", dark.noise_map),
         ("psf", psf.kernel()),
         ("mask", np.zeros(grid.shape, dtype=np.int16)),
         ("small", np.zeros((10, 10))),
@@ -337,7 +342,36 @@ def test_sample_command_writes_posterior_netcdf_and_corner(fits_files, tmp_path,
         assert "the sampling did not succeed" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_sample_command_nested_writes_the_evidence(fits_files, tmp_path, capsys):
+    pytest.importorskip("nautilus")
+    pytest.importorskip("arviz")
+    out = tmp_path / "nested.json"
+    # a lens without lens light (13 parameters: SIE + shear, Sersic source)
+    paths = fits_files | {"image": fits_files["dark"], "noise": fits_files["dark_noise"]}
+    argv = _sample_args(paths, "--lens-light", "none", "--sampler", "nested", "--live", "300")
+    code = main([*argv, "--samples", "800", "--prior-width", "5", "--json", str(out)])
+    result = json.loads(out.read_text())
+    post = result["posterior"]
+    assert post["sampler"] == "nautilus" and math.isfinite(post["log_evidence"])
+    assert 0 < post["log_evidence_error"] < 0.1
+    theta = post["parameters"]["mass.components[0].theta_E"]
+    assert theta["p16"] < theta["p50"] < theta["p84"]
+    assert abs(theta["mean"] - 1.0) < 5 * theta["std"] + 2e-3
+    fit_error = result["fit"]["components"][0]["parameters"]["theta_E"]["error"]
+    # the prior box is the fit +- 5 errors, and the posterior is well inside it
+    lo, hi = theta["prior"]
+    assert hi - lo == pytest.approx(10 * fit_error, rel=1e-6)
+    assert 0.5 < theta["std"] / fit_error < 2.0
+    assert (tmp_path / "nested.nc").stat().st_size > 0
+    assert (tmp_path / "nested_corner.png").exists()
+    assert code == (0 if post["n_eff"] >= 0.9 * 800 else 2)
+    assert "log Z" in capsys.readouterr().out
+
+
 def test_sample_command_refuses_bad_counts(fits_files, tmp_path, capsys):
+    assert main(_sample_args(fits_files, "--live", "3", "--json", str(tmp_path / "x.json"))) == 1
+    assert "--live must be >= 10" in capsys.readouterr().err
     for option in ("--chains", "--samples"):
         argv = _sample_args(fits_files, option, "0", "--json", str(tmp_path / "x.json"))
         assert main(argv) == 1

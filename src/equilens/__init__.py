@@ -39,9 +39,11 @@ from .regularization import (
 from .solve import (
     RESULTS as RESULTS,
     FitResult as FitResult,
+    NestedPosterior as NestedPosterior,
     Posterior as Posterior,
     fit as fit,
     fit_batch as fit_batch,
+    nested_sample as nested_sample,
     sample as sample,
     search as search,
 )

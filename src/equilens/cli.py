@@ -30,13 +30,20 @@ the JSON names each light component's band and lists each band's chi2, and one f
 band is written (OUT_<band>.png). With `--source pixelized` the joint parametric fit is
 followed by a pixelized source in every band, on one mesh (built on the first band) with a
 regularization strength per band, fitted by the sum of the bands' evidences
-(`equilens.solve.fit_multiband_pixelized`; OUT_<band>_source.fits per band). `equilens sample IMAGE.fits --noise-map ... --psf ... --pixel-scale ... [--chains 4]
-[--warmup 500] [--samples 1000] [--seed 0] --json OUT.json` (the model options as for one
-image, parametric sources) fits, then draws the posterior with NUTS from the fit
-(`equilens.sample`, `pip install equilens[sampling]`): OUT.json holds the fit and, per
-parameter, the posterior `mean`, `std`, `p16`, `p50`, `p84`, `ess` and `rhat`; the draws
-are written as NetCDF (OUT.nc, ArviZ) and a corner plot as OUT_corner.png; exit status 2
-when a chain did not converge (an R-hat at or above 1.01, or divergent transitions).
+(`equilens.solve.fit_multiband_pixelized`; OUT_<band>_source.fits per band).
+
+`equilens sample IMAGE.fits --noise-map ... --psf ... --pixel-scale ... [--sampler nuts]
+[--chains 4] [--warmup 500] [--samples N] [--seed 0] --json OUT.json` (the model options
+as for one image, parametric sources) fits, then samples the posterior from the fit
+(`pip install equilens[sampling]`): with NUTS chains (`equilens.sample`; `--samples` draws
+per chain, default 1000) or, with `--sampler nested`, nautilus on the Numba likelihood
+(`equilens.nested_sample`; uniform priors on the fit +- `--prior-width` (10) errors inside
+the class bounds, `--live` points, `--samples` effective samples, default 10000), which
+also gives the log-evidence. OUT.json holds the fit and, per parameter, the posterior
+`mean`, `std`, `p16`, `p50`, `p84` (NUTS: `ess`, `rhat`; nested: the prior interval, and
+`log_evidence` with its error); the draws are written as NetCDF (OUT.nc, ArviZ) and a
+corner plot as OUT_corner.png; exit status 2 when NUTS did not converge (an R-hat at or
+above 1.01, or divergent transitions) or nested sampling stopped short of its samples.
 
 Errors are one
 line on stderr and exit status 1; a fit that did not converge, or converged to an
@@ -49,6 +56,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 DEMO_MASK_RADIUS = 3.0  # arcsec: the lens and the inner ring of SDSS J0946+1006
 DEMO_SUPERSAMPLING = 2  # the source is compact (R ~ 0.1"): 2x2 sub-pixels per pixel
@@ -285,20 +293,28 @@ def run_sample(
     *,
     n_chains: int = 4,
     n_warmup: int = 500,
-    n_samples: int = 1000,
+    n_samples: int | None = None,
     seed: int = 0,
     solver: str = "lm",
     max_steps: int | None = None,
     positions=None,
     positions_sigma: float | None = None,
     title: str = "",
+    sampler: str = "nuts",
+    n_live: int = 1000,
+    prior_width: float = 10.0,
 ) -> dict[str, str]:
-    """Fits `imaging` as `run_fit` does (parametric source), then draws the posterior with
-    NUTS (`equilens.sample`, started from the fit) over the same objective. Writes the JSON
-    (the fit under `fit`, the posterior under `posterior`: per parameter `mean`, `std`,
-    `p16`, `p50`, `p84`, `ess`, `rhat`), the draws as NetCDF (`.nc`, ArviZ) and a corner
-    plot (`_corner.png`) beside it. The status is `"successful"` when every R-hat is below
-    1.01 with no divergent transitions."""
+    """Fits `imaging` as `run_fit` does (parametric source), then samples the posterior
+    over the same objective: `sampler="nuts"` with NUTS (`equilens.sample`, started from
+    the fit; `n_samples` draws per chain, default 1000) or `"nested"` with nautilus
+    (`equilens.nested_sample` on the Numba likelihood, a uniform prior on the fit +-
+    `prior_width` of its errors inside the class bounds; `n_samples` effective samples,
+    default 10000). Writes the JSON (the fit under `fit`, the posterior under `posterior`:
+    per parameter `mean`, `std`, `p16`, `p50`, `p84` (NUTS: `ess`, `rhat`; nested: the
+    prior interval), nested: `log_evidence` and its error), the draws as NetCDF (`.nc`,
+    ArviZ) and a corner plot (`_corner.png`) beside it. The status is `"successful"` when
+    NUTS's R-hat are all below 1.01 with no divergent transitions, or nested sampling
+    reached its effective sample size."""
     import jax
     import matplotlib
 
@@ -306,17 +322,27 @@ def run_sample(
     import matplotlib.pyplot as plt
 
     from .objective import Objective
-    from .solve import fit_lens, result_to_dict, sample
+    from .solve import fit_lens, nested_sample, result_to_dict, sample
     from .solve._pipeline import _positions_term
     from .terms import GaussianLikelihood
 
     if source == "pixelized":
         raise ValueError("equilens sample: --source pixelized is not supported yet")
+    if sampler not in ("nuts", "nested"):
+        raise ValueError(f"--sampler must be nuts or nested, got {sampler!r}")
+    nested = sampler == "nested"
+    if n_samples is None:
+        n_samples = 10000 if nested else 1000
     t0 = time.perf_counter()
+    how = (
+        f"nautilus with {n_live} live points to {n_samples} effective samples"
+        if nested
+        else f"{n_chains} NUTS chains of {n_warmup} warm-up + {n_samples} draws"
+    )
     print(
         f"equilens: sampling {mass} mass, {lens_light or 'no'} lens light, {source} source "
         f"on {imaging.shape[0]}x{imaging.shape[1]} pixels ({int(imaging.mask.sum())} in the "
-        f"mask): a fit, then {n_chains} NUTS chains of {n_warmup} warm-up + {n_samples} draws"
+        f"mask): a fit, then {how}"
     )
     result = fit_lens(
         imaging,
@@ -333,14 +359,24 @@ def run_sample(
     terms: list = [GaussianLikelihood(imaging, nonnegative=True)]
     if positions is not None:
         terms.append(_positions_term(positions, positions_sigma, imaging.pixel_scale))
-    post = sample(
-        jax.random.key(seed),
-        Objective(terms),
-        result,
-        n_chains=n_chains,
-        n_warmup=n_warmup,
-        n_samples=n_samples,
-    )
+    if nested:
+        post: Any = nested_sample(
+            Objective(terms),
+            result,
+            box_width=prior_width,
+            n_live=n_live,
+            n_eff=n_samples,
+            seed=seed,
+        )
+    else:
+        post = sample(
+            jax.random.key(seed),
+            Objective(terms),
+            result,
+            n_chains=n_chains,
+            n_warmup=n_warmup,
+            n_samples=n_samples,
+        )
     print(post.summary())
     folder = os.path.dirname(os.path.abspath(json_path))
     os.makedirs(folder, exist_ok=True)
@@ -355,12 +391,20 @@ def run_sample(
     summary = post.to_dict()
     with open(json_path, "w") as f:
         json.dump({"fit": result_to_dict(result), "posterior": summary}, f, indent=2)
-    rhat = [p["rhat"] for p in summary["parameters"].values() if p["rhat"] is not None]
-    converged = summary["divergent"] == 0 and all(r < 1.01 for r in rhat)
     print(
         f"  result: {json_path}\n  draws: {out['netcdf']}\n  corner plot: {out['corner']}\n"
         f"  wall time {time.perf_counter() - t0:.1f} s"
     )
+    if nested:
+        reached = summary["n_eff"] >= 0.9 * n_samples
+        out["status"] = (
+            "successful"
+            if reached
+            else f"not converged: {summary['n_eff']:.0f} effective samples of {n_samples}"
+        )
+        return out
+    rhat = [p["rhat"] for p in summary["parameters"].values() if p["rhat"] is not None]
+    converged = summary["divergent"] == 0 and all(r < 1.01 for r in rhat)
     out["status"] = (
         "successful"
         if converged
@@ -628,10 +672,30 @@ def main(argv: list[str] | None = None) -> int:
     smp.add_argument("--max-steps", type=int, default=None, help="solver steps per fit")
     smp.add_argument("--positions", help="text file: x y of the multiple images (arcsec)")
     smp.add_argument("--positions-sigma", type=float, help="1-sigma of the positions (arcsec)")
-    smp.add_argument("--sampler", default="nuts", choices=["nuts"], help="the sampler (NUTS)")
+    smp.add_argument(
+        "--sampler",
+        default="nuts",
+        choices=["nuts", "nested"],
+        help="nuts (blackjax NUTS chains on device) or nested (nautilus on the Numba "
+        "likelihood: the posterior and the log-evidence)",
+    )
     smp.add_argument("--chains", type=int, default=4, help="NUTS chains (vmapped)")
     smp.add_argument("--warmup", type=int, default=500, help="window-adaptation steps per chain")
-    smp.add_argument("--samples", type=int, default=1000, help="draws kept per chain")
+    smp.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="NUTS: draws kept per chain (default 1000); nested: effective samples to reach "
+        "(default 10000)",
+    )
+    smp.add_argument("--live", type=int, default=1000, help="nested: nautilus live points")
+    smp.add_argument(
+        "--prior-width",
+        type=float,
+        default=10.0,
+        help="nested: uniform prior on the fit +- this many of its 1-sigma errors, inside "
+        "the class bounds (default 10)",
+    )
     smp.add_argument("--seed", type=int, default=0, help="random seed")
     smp.add_argument(
         "--json", required=True, help="output JSON path (NetCDF draws, corner plot beside it)"
@@ -650,7 +714,8 @@ def main(argv: list[str] | None = None) -> int:
             for option, value, least in (
                 ("--chains", args.chains, 1),
                 ("--warmup", args.warmup, 0),
-                ("--samples", args.samples, 1),
+                ("--samples", 1 if args.samples is None else args.samples, 1),
+                ("--live", args.live, 10),
             ):
                 if value < least:
                     raise ValueError(f"{option} must be >= {least}, got {value}")
@@ -677,6 +742,9 @@ def main(argv: list[str] | None = None) -> int:
                 max_steps=args.max_steps,
                 positions=_positions(args.positions),
                 positions_sigma=args.positions_sigma,
+                sampler=args.sampler,
+                n_live=args.live,
+                prior_width=args.prior_width,
             )
         else:
             if args.supersampling < 1:

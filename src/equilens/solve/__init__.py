@@ -1,6 +1,7 @@
 """Fitting: `fit` (one start), `fit_batch` and `multi_start` (vmapped batches of starts or
 objectives), `search` (a global first stage: many starts screened, the best refined),
 `FitResult` and its `RESULTS` codes, `sample` (NUTS posterior draws, a `Posterior`),
+`nested_sample` (nautilus: weighted points and the evidence, a `NestedPosterior`),
 plausibility checks, saving and loading."""
 
 from ._fit import (
@@ -20,6 +21,7 @@ from ._io import (
     save as save,
     write_json as write_json,
 )
+from ._nested import NestedPosterior as NestedPosterior, nested_sample as nested_sample
 from ._pipeline import (
     auto_positions as auto_positions,
     fit_lens as fit_lens,

@@ -121,45 +121,29 @@ class Posterior(eqx.Module):
         """Per parameter: posterior `mean`, `std`, the 16/50/84% quantiles (`p16`, `p50`,
         `p84`), `ess` and `rhat` (None with one chain); plus the chains, draws and the
         number of divergent transitions. Plain Python numbers (JSON-ready)."""
-        quant = np.asarray(self.quantiles())
-        mean, std, ess = np.asarray(self.mean()), np.asarray(self.std()), np.asarray(self.ess())
+        ess = np.asarray(self.ess())
         rhat = np.asarray(self.rhat()) if self.n_chains > 1 else None
-        params = {}
+        params = parameter_summary(self.names, self.mean(), self.std(), self.quantiles())
         for i, name in enumerate(self.names):
-            params[name] = {
-                "mean": float(mean[i]),
-                "std": float(std[i]),
-                **{f"p{round(100 * q)}": float(quant[k, i]) for k, q in enumerate(QUANTILES)},
-                "ess": float(ess[i]),
-                "rhat": None if rhat is None else float(rhat[i]),
-            }
+            params[name]["ess"] = float(ess[i])
+            params[name]["rhat"] = None if rhat is None else float(rhat[i])
         return {
             "parameters": params,
             "chains": self.n_chains,
             "draws": self.n_draws,
             "divergent": int(np.sum(np.asarray(self.divergent))),
+            "sampler": "nuts",
         }
 
     def summary(self) -> str:
         """One line per parameter: mean, standard deviation, 16/50/84% quantiles, bulk
         ESS and R-hat; then the divergent transitions."""
         d = self.to_dict()
-        width = max(len(n) for n in self.names)
-        head = ["mean", "std", "16%", "50%", "84%", "ess", "r_hat"]
-        lines = [f"{'parameter':<{width}}" + "".join(f"{h:>13}" for h in head)]
-        for name, p in d["parameters"].items():
-            vals = [p["mean"], p["std"], p["p16"], p["p50"], p["p84"]]
-            rhat = "-" if p["rhat"] is None else f"{p['rhat']:.4f}"
-            lines.append(
-                f"{name:<{width}}"
-                + "".join(f"{v:>13.6g}" for v in vals)
-                + f"{p['ess']:>13.0f}{rhat:>13}"
-            )
-        lines.append(
+        return format_summary(
+            d["parameters"],
             f"{d['chains']} chains x {d['draws']} draws (NUTS), "
-            f"{d['divergent']} divergent transitions"
+            f"{d['divergent']} divergent transitions",
         )
-        return "\n".join(lines)
 
     def to_arviz(self) -> Any:
         """The draws as ArviZ data (`arviz.InferenceData` with arviz < 1, its `DataTree`
@@ -192,6 +176,40 @@ class Posterior(eqx.Module):
         return corner.corner(
             np.asarray(self.flat()), labels=list(self.names), truths=truths, **kwargs
         )
+
+
+def parameter_summary(
+    names: tuple[str, ...], mean: Any, std: Any, quantiles: Any
+) -> dict[str, dict[str, Any]]:
+    """`{name: {"mean", "std", "p16", "p50", "p84"}}` as plain floats (`quantiles` rows
+    at `QUANTILES`)."""
+    mean, std, quant = np.asarray(mean), np.asarray(std), np.asarray(quantiles)
+    return {
+        name: {
+            "mean": float(mean[i]),
+            "std": float(std[i]),
+            **{f"p{round(100 * q)}": float(quant[k, i]) for k, q in enumerate(QUANTILES)},
+        }
+        for i, name in enumerate(names)
+    }
+
+
+def format_summary(params: dict[str, dict[str, Any]], footer: str) -> str:
+    """A table of `parameter_summary`'s values (with `ess` and `r_hat` columns when the
+    entries have them), one line per parameter, then `footer`."""
+    width = max(len(n) for n in params)
+    extra = [k for k in ("ess", "rhat") if all(k in p for p in params.values())]
+    head = ["mean", "std", "16%", "50%", "84%", *(("r_hat" if k == "rhat" else k) for k in extra)]
+    lines = [f"{'parameter':<{width}}" + "".join(f"{h:>13}" for h in head)]
+    for name, p in params.items():
+        cells = "".join(f"{p[k]:>13.6g}" for k in ("mean", "std", "p16", "p50", "p84"))
+        if "ess" in extra:
+            cells += f"{p['ess']:>13.0f}"
+        if "rhat" in extra:
+            cells += f"{'-' if p['rhat'] is None else format(p['rhat'], '.4f'):>13}"
+        lines.append(f"{name:<{width}}" + cells)
+    lines.append(footer)
+    return "\n".join(lines)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,248 @@
+"""Sampling benchmark: effective samples of the Einstein radius per second of wall time,
+for NUTS (`equilens.sample`: blackjax, chains vmapped on JAX), nested sampling
+(`equilens.nested_sample`: nautilus on the Numba likelihood with 1 and 2 threads) and,
+when installed, lenstronomy's emcee on its own likelihood of the same data; in one run,
+on the same machine, float64.
+
+- Parametric: bench_fit's 100x100 lens (SIE + shear, Sersic lens light and source, 17
+  non-linear parameters, amplitudes solved linearly; 2.5" mask, 21x21 PSF).
+- Pixelized: a 60x60 lens at 0.08" (SIE + shear, 7 non-linear parameters) whose source
+  is marginalised by `LogEvidence` (20x20 rectangular mesh, constant regularization
+  held fixed): the chains sample the mass with the source solved at every step.
+
+Every sampler starts from the same LM fit; the wall time includes warm-up (NUTS's window
+adaptation, emcee's burn-in, nautilus's exploration) and compilation, which a user pays
+too. The effective sample size of theta_E: NUTS, bulk ESS over its chains; nested, the
+Kish size of the importance weights; emcee, blackjax's bulk ESS over the walkers (which
+are correlated, so this is optimistic for emcee). Nested sampling's prior: the fit +- 10
+Laplace errors. The load average is printed; run with `nox -s bench` or
+`python benchmarks/bench_sampling.py [--quick]`.
+"""
+
+import argparse
+import os
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import numpy as np  # noqa: E402
+from bench_fit import setup as parametric_setup  # noqa: E402
+
+import equilens as el  # noqa: E402
+from equilens import light, mass  # noqa: E402
+
+THETA_E = "mass.components[0].theta_E"
+
+
+def pixelized_setup():
+    lens = mass.SIE(theta_E=1.2, e1=0.08, e2=-0.04) + mass.ExternalShear(0.02, -0.01)
+    truth = el.LensSystem(
+        mass=lens,
+        source=light.Sersic(amp=15.0, R_sersic=0.2, n_sersic=1.2, e1=0.1, center_x=0.05),
+    )
+    grid = el.Grid((60, 60), 0.08)
+    psf = el.GaussianPSF(fwhm=0.12, pixel_scale=0.08)
+    data = el.simulate(
+        jax.random.key(1), truth, grid, psf, exposure_time=2000.0, sky_level=1.0,
+        mask=grid.circular_mask(2.2),
+    )  # fmt: skip
+    start = el.LensSystem(
+        mass=mass.SIE(theta_E=1.1) + mass.ExternalShear(0.0, 0.0),
+        source=el.PixelizedSource(el.RectangularMesh((20, 20)), el.ConstantRegularization(1.0)),
+    )
+    free = el.select(start, lambda s: s.mass)
+    return data, el.Objective(el.LogEvidence(data)), start, free
+
+
+def run_nuts(objective, result, free, chains, warmup, draws):
+    t0 = time.perf_counter()
+    post = el.sample(
+        jax.random.key(0), objective, result, free=free, n_chains=chains, n_warmup=warmup,
+        n_samples=draws,
+    )  # fmt: skip
+    jax.block_until_ready(post.samples)
+    wall = time.perf_counter() - t0
+    k = post.names.index(THETA_E)
+    ess = float(post.ess()[k])
+    rhat = float(post.rhat()[k])
+    steps = float(np.mean(np.asarray(post.tree_steps)))
+    return wall, ess, f"R-hat {rhat:.3f}, {steps:.0f} leapfrog steps/draw"
+
+
+def run_nested(objective, result, free, threads, n_eff):
+    t0 = time.perf_counter()
+    post = el.nested_sample(
+        objective, result, free=free, box_width=10.0, n_live=1000, n_eff=n_eff,
+        n_networks=2, threads=threads, seed=0,
+    )  # fmt: skip
+    wall = time.perf_counter() - t0
+    return (
+        wall,
+        post.n_eff,
+        f"{post.n_likelihood} calls on {post.backend}, log Z {post.log_evidence:.2f}",
+    )
+
+
+def run_emcee(data, result, walkers_per_param, burn, run):
+    """lenstronomy's FittingSequence MCMC (emcee) on the parametric problem, started at
+    the equilens fit (its values in lenstronomy's conventions, sigma from the fit's
+    errors)."""
+    try:
+        from lenstronomy.Workflow.fitting_sequence import FittingSequence
+    except ImportError:
+        return None
+    grid = data.grid
+    n = grid.shape[0]
+    scale = grid.pixel_scale
+    half = (n - 1) / 2 * scale
+    kwargs_data = {
+        "image_data": np.asarray(data.image),
+        "noise_map": np.where(np.asarray(data.mask), np.asarray(data.noise_map), 1e10),
+        "ra_at_xy_0": -half,
+        "dec_at_xy_0": -half,
+        "transform_pix2angle": np.array([[scale, 0.0], [0.0, scale]]),
+    }
+    kwargs_psf = {"psf_type": "PIXEL", "kernel_point_source": np.asarray(data.psf.kernel())}
+    kwargs_model = {
+        "lens_model_list": ["SIE", "SHEAR"],
+        "source_light_model_list": ["SERSIC_ELLIPSE"],
+        "lens_light_model_list": ["SERSIC_ELLIPSE"],
+    }
+    m = result.model
+    sie, shear = m.mass.components
+    ll, src = m.lens_light, m.source
+
+    def f(x):
+        return float(np.asarray(x))
+
+    lens = [
+        {"theta_E": f(sie.theta_E), "e1": f(sie.e1), "e2": f(sie.e2),
+         "center_x": f(sie.center_x), "center_y": f(sie.center_y)},
+        {"gamma1": f(shear.gamma1), "gamma2": f(shear.gamma2), "ra_0": 0.0, "dec_0": 0.0},
+    ]  # fmt: skip
+
+    def sersic(p):
+        return {
+            "amp": f(p.amp), "R_sersic": f(p.R_sersic), "n_sersic": f(p.n_sersic),
+            "e1": f(p.e1), "e2": f(p.e2), "center_x": f(p.center_x), "center_y": f(p.center_y),
+        }  # fmt: skip
+
+    err = dict(zip(result.names, np.asarray(result.errors), strict=True))
+
+    def sig(prefix, keys):
+        return {k: max(err.get(f"{prefix}.{k}", 0.01), 1e-4) for k in keys}
+
+    mass_keys = ["theta_E", "e1", "e2", "center_x", "center_y"]
+    light_keys = ["R_sersic", "n_sersic", "e1", "e2", "center_x", "center_y"]
+    big = {"theta_E": 10, "e1": 0.6, "e2": 0.6, "center_x": 10, "center_y": 10}
+    kwargs_params = {
+        "lens_model": [
+            lens,
+            [sig("mass.components[0]", mass_keys), sig("mass.components[1]", ["gamma1", "gamma2"])],
+            [{}, {"ra_0": 0.0, "dec_0": 0.0}],
+            [{k: -v for k, v in big.items()}, {"gamma1": -0.5, "gamma2": -0.5}],
+            [big, {"gamma1": 0.5, "gamma2": 0.5}],
+        ],
+        "source_model": [
+            [sersic(src)], [sig("source", light_keys)], [{}],
+            [{"R_sersic": 0.001, "n_sersic": 0.3, "e1": -0.6, "e2": -0.6, "center_x": -10,
+              "center_y": -10}],
+            [{"R_sersic": 10, "n_sersic": 10, "e1": 0.6, "e2": 0.6, "center_x": 10,
+              "center_y": 10}],
+        ],
+        "lens_light_model": [
+            [sersic(ll)], [sig("lens_light", light_keys)], [{}],
+            [{"R_sersic": 0.001, "n_sersic": 0.3, "e1": -0.6, "e2": -0.6, "center_x": -10,
+              "center_y": -10}],
+            [{"R_sersic": 10, "n_sersic": 10, "e1": 0.6, "e2": 0.6, "center_x": 10,
+              "center_y": 10}],
+        ],
+    }  # fmt: skip
+    fitting = FittingSequence(
+        {"multi_band_list": [[kwargs_data, kwargs_psf, {"supersampling_factor": 1}]],
+         "multi_band_type": "single-band"},
+        kwargs_model,
+        {"linear_solver": True},
+        {"check_bounds": True, "image_likelihood_mask_list": [np.asarray(data.mask)]},
+        kwargs_params,
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    out = fitting.fit_sequence(
+        [["MCMC", {"n_burn": burn, "n_run": run, "walkerRatio": walkers_per_param,
+                   "sigma_scale": 1.0, "sampler_type": "EMCEE", "progress": False}]]
+    )  # fmt: skip
+    wall = time.perf_counter() - t0
+    _, chain, names, _ = out[0]
+    k = names.index("theta_E_lens0")
+    n_walkers = walkers_per_param * chain.shape[1]
+    # emcee's flat chain is step-major: (steps, walkers)
+    theta = chain[:, k].reshape(run, n_walkers).T
+    ess = bulk_ess(theta)
+    return wall, ess, f"{n_walkers} walkers x {run} steps after {burn} burn-in"
+
+
+def bulk_ess(chains: np.ndarray) -> float:
+    """Bulk ESS of `(chains, draws)` (blackjax's, as `Posterior.ess`)."""
+    from blackjax.diagnostics import ess_bulk
+
+    from equilens.solve._sample import _blackjax_promotion
+
+    with _blackjax_promotion():
+        return float(ess_bulk(jax.numpy.asarray(chains)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="shorter runs (a smoke test)")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="(nox -s bench's shared option: each run is once)"
+    )
+    args = parser.parse_args()
+    q = args.quick
+    load = os.getloadavg()[0]
+    print(f"device: {jax.devices()[0].device_kind}, load average {load:.2f}, float64")
+
+    _, data, start = parametric_setup()
+    objective = el.Objective(el.GaussianLikelihood(data))
+    result = el.fit(objective, start, "lm", max_steps=300)
+    print(f"parametric 100x100: {result.n_params} parameters, fit {result.result}")
+    rows = {}
+    rows["NUTS, 4 chains"] = run_nuts(
+        objective, result, None, 4, *((100, 100) if q else (300, 500))
+    )
+    for threads in (1, 2):
+        rows[f"nested, {threads} thread(s)"] = run_nested(
+            objective, result, None, threads, 500 if q else 3000
+        )
+    emcee = run_emcee(data, result, 4, *((50, 50) if q else (1000, 1000)))
+    if emcee is not None:
+        rows["lenstronomy emcee"] = emcee
+    report(rows)
+
+    data, objective, start, free = pixelized_setup()
+    result = el.fit(objective, start, "lm", free=free, max_steps=200)
+    print(f"pixelized 60x60 (20x20 mesh): {result.n_params} parameters, fit {result.result}")
+    rows = {
+        "NUTS, 4 chains": run_nuts(objective, result, free, 4, *((50, 50) if q else (200, 300)))
+    }
+    for threads in (1, 2):
+        rows[f"nested, {threads} thread(s)"] = run_nested(
+            objective, result, free, threads, 300 if q else 2000
+        )
+    report(rows)
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+
+
+def report(rows):
+    base = rows["NUTS, 4 chains"]
+    base_rate = base[1] / base[0]
+    print(f"  {'sampler':<24}{'wall s':>9}{'ESS(theta_E)':>14}{'ESS/s':>9}{'/ NUTS':>8}  notes")
+    for name, (wall, ess, note) in rows.items():
+        rate = ess / wall
+        print(f"  {name:<24}{wall:9.1f}{ess:14.0f}{rate:9.2f}{rate / base_rate:8.2f}  {note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""Nested sampling (`equilens.nested_sample`, nautilus on the Numba likelihood) against
+analytic posteriors and evidences: the linear-Gaussian amplitude problem of
+test_sample.py under a uniform box prior and under a Gaussian prior on one amplitude, and
+a truncated-normal prior transform."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import equilens as el
+from equilens import light, mass
+
+pytest.importorskip("nautilus")
+pytest.importorskip("numba")
+
+from test_sample import _amplitude_problem, _analytic
+
+pytestmark = pytest.mark.x64_only
+
+FAST = {"n_live": 400, "n_eff": 3000, "n_networks": 1}
+
+
+def _order(post, mean, cov):
+    order = [post.names.index("lens_light.amp"), post.names.index("source.amp")]
+    inv = np.argsort(order)
+    return mean[inv], cov[np.ix_(inv, inv)]
+
+
+@pytest.mark.slow
+def test_evidence_of_a_linear_gaussian_problem():
+    """Flat prior on the fit +- 8 sigma (box_width): Z = exp(-objective(best)) *
+    sqrt(det(2 pi C)) / box volume, the likelihood being Gaussian in the amplitudes."""
+    truth, term, free = _amplitude_problem()
+    mean, cov = _analytic(term, truth)
+    objective = el.Objective(term)
+    start = el.fit(objective, truth, free=free)
+    post = el.nested_sample(objective, start, free=free, box_width=8.0, seed=1, **FAST)
+    mean, cov = _order(post, mean, cov)
+    assert post.backend == "numba"
+    sd = np.sqrt(np.diagonal(cov))
+    box = post.box
+    np.testing.assert_allclose(box[:, 1] - box[:, 0], 16 * sd, rtol=1e-6)
+    log_z = (
+        -float(objective(start.model))
+        + 0.5 * np.linalg.slogdet(2 * math.pi * cov)[1]
+        - np.sum(np.log(box[:, 1] - box[:, 0]))
+    )
+    err = post.log_evidence_error
+    assert 0 < err < 0.05
+    assert abs(post.log_evidence - log_z) < 3 * err, (post.log_evidence, log_z, err)
+    # the posterior: means within 4 Monte-Carlo errors, spread and correlation
+    np.testing.assert_array_less(np.abs(post.mean() - mean), 4 * sd / math.sqrt(post.n_eff))
+    np.testing.assert_allclose(post.std(), sd, rtol=0.06)
+    got = post.covariance()
+    corr = cov[0, 1] / (sd[0] * sd[1])
+    assert got[0, 1] / math.sqrt(got[0, 0] * got[1, 1]) == pytest.approx(corr, abs=0.04)
+    # the log-likelihood at a point is minus the objective there
+    k = int(np.argmax(post.log_weights))
+    assert post.log_likelihood[k] == pytest.approx(-float(objective(post.model(k))), rel=1e-10)
+
+
+@pytest.mark.slow
+def test_a_gaussian_prior_is_the_prior_not_the_likelihood():
+    """A GaussianPrior N(m, s^2) on the source amplitude and a UniformPrior on the lens
+    light's: the evidence is the Gaussian integral of likelihood x prior."""
+    truth, term, free = _amplitude_problem()
+    a_hat, cov = _analytic(term, truth)  # (lens, source) order
+    sd = np.sqrt(np.diagonal(cov))
+    m, s = a_hat[1] + 1.5 * sd[1], 2.0 * sd[1]
+    lo, hi = a_hat[0] - 7 * sd[0], a_hat[0] + 9 * sd[0]
+    objective = el.Objective(
+        [
+            term,
+            el.GaussianPrior(lambda x: x.source.amp, m, s),
+            el.UniformPrior(lambda x: x.lens_light.amp, lo, hi),
+        ]
+    )
+    start = el.fit(objective, truth, free=free)
+    post = el.nested_sample(objective, start, free=free, seed=2, **FAST)
+    i, j = post.names.index("lens_light.amp"), post.names.index("source.amp")
+    assert post.box[i].tolist() == pytest.approx([lo, hi])
+    assert np.all(np.isinf(post.box[j]))
+    # likelihood x prior is Gaussian in the amplitudes: precision p, linear term b
+    c_inv = np.linalg.inv(cov)
+    e = np.array([0.0, 1.0])
+    p = c_inv + np.outer(e, e) / s**2
+    b = c_inv @ a_hat + e * m / s**2
+    # the likelihood's minimum from any model: -log L(a) = min + (a - a_hat)^T C^-1 (a - a_hat) / 2
+    model = start.model
+    d = np.array([float(model.lens_light.amp), float(model.source.amp)]) - a_hat
+    like_min = float(el.Objective(term)(model)) - 0.5 * d @ c_inv @ d
+    log_z = (
+        -like_min
+        + 0.5 * (b @ np.linalg.solve(p, b) - a_hat @ c_inv @ a_hat - m * m / s**2)
+        + 0.5 * np.linalg.slogdet(2 * math.pi * np.linalg.inv(p))[1]
+        - 0.5 * math.log(2 * math.pi * s * s)
+        - math.log(hi - lo)
+    )
+    assert abs(post.log_evidence - log_z) < 3 * post.log_evidence_error, (
+        post.log_evidence,
+        log_z,
+    )
+    mean_post = np.linalg.solve(p, b)
+    sd_post = np.sqrt(np.diagonal(np.linalg.inv(p)))
+    got = post.mean()[[i, j]]
+    np.testing.assert_array_less(np.abs(got - mean_post), 4 * sd_post / math.sqrt(post.n_eff))
+    np.testing.assert_allclose(post.std()[[i, j]], sd_post, rtol=0.06)
+
+
+def test_truncated_gaussian_prior_transform():
+    """A GaussianPrior on a Sersic e1 (class bounds (-0.6, 0.6)) with a flat likelihood
+    elsewhere: the prior transform draws the truncated normal."""
+    from equilens.solve._nested import _Prior
+
+    prior = _Prior(np.array([[-0.6, 0.6], [0.0, 2.0]]), np.array([0.3, np.nan]),
+                   np.array([0.2, np.nan]))  # fmt: skip
+    u = np.random.default_rng(0).random((200_000, 2))
+    x = prior(u)
+    mu, sigma, lo, hi = 0.3, 0.2, -0.6, 0.6
+    a, b = (lo - mu) / sigma, (hi - mu) / sigma
+    pdf = lambda t: math.exp(-0.5 * t * t) / math.sqrt(2 * math.pi)
+    cdf = lambda t: 0.5 * (1 + math.erf(t / math.sqrt(2)))
+    z = cdf(b) - cdf(a)
+    mean = mu + sigma * (pdf(a) - pdf(b)) / z
+    sd = sigma * math.sqrt(1 + (a * pdf(a) - b * pdf(b)) / z - ((pdf(a) - pdf(b)) / z) ** 2)
+    assert x[:, 0].mean() == pytest.approx(mean, abs=4 * sd / math.sqrt(len(u)))
+    assert x[:, 0].std() == pytest.approx(sd, rel=0.01)
+    assert x[:, 0].min() >= lo and x[:, 0].max() <= hi
+    np.testing.assert_allclose(x[:, 1], 2.0 * u[:, 1])
+    # one point at a time (nautilus's calls) gives the same as the batch
+    np.testing.assert_allclose(prior(u[3]), x[3])
+
+
+class AmpLikelihood(el.terms.AbstractLeastSquaresTerm):
+    """A user's term (no Numba kernel: the JAX backend evaluates it): the amplitude
+    measured as `value +- sigma`."""
+
+    value: float
+    sigma: float
+
+    def residuals(self, model):
+        return jnp.reshape((model.amp - self.value) / self.sigma, (1,))
+
+    def constant(self):
+        return jnp.asarray(math.log(self.sigma * math.sqrt(2 * math.pi)))
+
+
+def test_summary_dict_arviz_and_refusals():
+    model = light.Sersic(amp=2.0, R_sersic=0.5, n_sersic=2.0)
+    free = jax.tree.map(
+        lambda a, b: a or b,
+        el.select(model, lambda s: s.amp),
+        el.select(model, lambda s: s.R_sersic),
+    )
+    objective = el.Objective(
+        [
+            el.GaussianPrior(lambda s: s.amp, 2.0, 0.3),
+            el.GaussianPrior(lambda s: s.R_sersic, 0.5, 0.1),
+        ]
+    )
+    # no likelihood term at all
+    with pytest.raises(ValueError, match="no likelihood"):
+        el.nested_sample(objective, model, free=free)
+    like = el.Objective(AmpLikelihood(2.0, 0.3))
+    with pytest.raises(ValueError, match=r"finite bounds.*R_sersic"):
+        el.nested_sample(like, model, free=free)
+    with pytest.raises(ValueError, match="box_width needs a FitResult"):
+        el.nested_sample(like, model, free=free, box_width=5.0)
+    weighted = el.Objective([objective.terms[0], objective.terms[1]], weights=[1.0, 2.0])
+    with pytest.raises(ValueError, match="weight 2"):
+        el.nested_sample(weighted, model, free=free)
+    with pytest.raises(ValueError, match="n_live"):
+        el.nested_sample(like, model, free=free, n_live=3)
+    # amp: Gaussian "likelihood" N(2, 0.3), uniform prior (0, 5); R_sersic: uniform prior
+    # (0.2, 0.9), flat likelihood
+    problem = el.Objective(
+        [
+            like.terms[0],
+            el.UniformPrior(lambda s: s.amp, 0.0, 5.0),
+            el.UniformPrior(lambda s: s.R_sersic, 0.2, 0.9),
+        ]
+    )
+    post = el.nested_sample(problem, model, free=free, seed=0, threads=1, **FAST)
+    k = post.names.index("amp")
+    assert post.backend == "jax"  # (no Numba kernel for the user's term)
+    # log Z: the normal's integral over (0, 5) (1 to 1e-10) / 5
+    assert abs(post.log_evidence - math.log(1 / 5)) < 3 * post.log_evidence_error
+    d = post.to_dict()
+    assert set(d["parameters"]) == {"amp", "R_sersic"}
+    p = d["parameters"]["amp"]
+    assert p["p16"] < p["p50"] < p["p84"] and p["mean"] == pytest.approx(2.0, abs=0.03)
+    assert d["parameters"]["R_sersic"]["prior"] == pytest.approx([0.2, 0.9])
+    assert d["log_evidence"] == post.log_evidence and d["sampler"] == "nautilus"
+    text = post.summary()
+    assert "log Z" in text and "R_sersic" in text
+    draws = post.draws(500)
+    assert draws.shape == (500, 2)
+    assert draws[:, k].std() == pytest.approx(0.3, rel=0.15)
+    pytest.importorskip("arviz")
+    data = post.to_arviz(n=300)
+    assert np.asarray(data["posterior"]["amp"]).shape == (1, 300)
+
+
+def _coverage_lens():
+    truth = el.LensSystem(
+        mass=mass.SIE(theta_E=1.0, e1=0.06, e2=-0.03),
+        source=light.Sersic(amp=8.0, R_sersic=0.15, n_sersic=1.2, center_x=0.06, center_y=0.02),
+    )
+    free = el.select(
+        truth,
+        lambda s: (
+            s.mass.theta_E, s.mass.e1, s.mass.e2, s.source.R_sersic, s.source.n_sersic,
+            s.source.center_x, s.source.center_y,
+        ),
+    )  # fmt: skip
+    grid = el.Grid((32, 32), 0.1)
+    return truth, free, grid, el.GaussianPSF(0.15, 0.1)
+
+
+def _coverage_data(seed):
+    truth, free, grid, psf = _coverage_lens()
+    data = el.simulate(
+        jax.random.key(100 + seed), truth, grid, psf, exposure_time=500.0, sky_level=0.5,
+        mask=grid.circular_mask(1.6),
+    )  # fmt: skip
+    objective = el.Objective(el.GaussianLikelihood(data))
+    return objective, el.fit(objective, truth, free=free), free
+
+
+@pytest.mark.slow
+def test_theta_e_coverage_over_20_simulated_lenses():
+    """20 noise realisations of one lens (SIE theta_E, e1, e2 and a Sersic source's
+    radius, index and centre free; the amplitude solved): the true theta_E inside the
+    posterior's 16-84% interval in 60-76% of them, as the issue asks (a calibrated
+    posterior gives 68%, binomial sd 10%). Measured: see docs/sampling.md."""
+    hits = []
+    for seed in range(20):
+        objective, fit, free = _coverage_data(seed)
+        post = el.nested_sample(
+            objective, fit, free=free, box_width=10.0, n_live=300, n_eff=1000, n_networks=1,
+            seed=seed,
+        )  # fmt: skip
+        k = post.names.index("mass.theta_E")
+        lo, hi = post.quantiles()[[0, 2], k]
+        hits.append(bool(lo <= 1.0 <= hi))
+    assert 12 <= sum(hits) <= 15, hits
+
+
+@pytest.mark.slow
+def test_nuts_and_nested_sampling_agree():
+    """One of the coverage lenses sampled by both: means within 4 joint Monte-Carlo
+    errors, standard deviations within 10%."""
+    objective, fit, free = _coverage_data(0)
+    nested = el.nested_sample(objective, fit, free=free, box_width=10.0, n_live=500, n_eff=3000)
+    nuts = el.sample(jax.random.key(0), objective, fit, free=free, n_warmup=300, n_samples=500)
+    assert nuts.names == nested.names
+    assert np.all(np.asarray(nuts.rhat()) < 1.01)
+    mc = np.sqrt(nested.std() ** 2 / nested.n_eff + nested.std() ** 2 / np.asarray(nuts.ess()))
+    np.testing.assert_array_less(np.abs(np.asarray(nuts.mean()) - nested.mean()), 4 * mc)
+    np.testing.assert_allclose(np.asarray(nuts.std()), nested.std(), rtol=0.1)
