@@ -202,6 +202,7 @@ def test_summary_dict_arviz_and_refusals():
     pytest.importorskip("arviz")
     data = post.to_arviz(n=300)
     assert np.asarray(data["posterior"]["amp"]).shape == (1, 300)
+    assert data["posterior"].attrs["log_evidence"] == post.log_evidence
 
 
 def _coverage_lens():

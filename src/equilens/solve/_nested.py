@@ -152,8 +152,8 @@ class NestedPosterior(eqx.Module):
             "sampler": "nautilus",
         }
         if int(az.__version__.split(".")[0]) >= 1:
-            return az.from_dict({"posterior": posterior}, attrs=attrs)
-        return az.from_dict(posterior=posterior, attrs=attrs)
+            return az.from_dict({"posterior": posterior}, attrs={"posterior": attrs})
+        return az.from_dict(posterior=posterior, posterior_attrs=attrs)
 
     def corner(self, truths: Any = None, **kwargs: Any) -> Any:
         """A weighted corner plot of the points (`corner.corner`, which must be
