@@ -16,7 +16,7 @@ from equilens import light, mass
 pytest.importorskip("nautilus")
 pytest.importorskip("numba")
 
-from test_sample import _amplitude_problem, _analytic
+from test_sample import _amplitude_problem, _analytic, truncated_normal
 
 pytestmark = pytest.mark.x64_only
 
@@ -119,13 +119,8 @@ def test_truncated_gaussian_prior_transform():
                    np.array([0.2, np.nan]))  # fmt: skip
     u = np.random.default_rng(0).random((200_000, 2))
     x = prior(u)
-    mu, sigma, lo, hi = 0.3, 0.2, -0.6, 0.6
-    a, b = (lo - mu) / sigma, (hi - mu) / sigma
-    pdf = lambda t: math.exp(-0.5 * t * t) / math.sqrt(2 * math.pi)
-    cdf = lambda t: 0.5 * (1 + math.erf(t / math.sqrt(2)))
-    z = cdf(b) - cdf(a)
-    mean = mu + sigma * (pdf(a) - pdf(b)) / z
-    sd = sigma * math.sqrt(1 + (a * pdf(a) - b * pdf(b)) / z - ((pdf(a) - pdf(b)) / z) ** 2)
+    lo, hi = -0.6, 0.6
+    mean, sd = truncated_normal(0.3, 0.2, lo, hi)
     assert x[:, 0].mean() == pytest.approx(mean, abs=4 * sd / math.sqrt(len(u)))
     assert x[:, 0].std() == pytest.approx(sd, rel=0.01)
     assert x[:, 0].min() >= lo and x[:, 0].max() <= hi

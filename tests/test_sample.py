@@ -56,6 +56,17 @@ def _analytic(term, truth):
     return cov @ basis.T @ r0, cov
 
 
+def truncated_normal(mu, sigma, lo, hi):
+    """The mean and standard deviation of N(mu, sigma^2) truncated to (lo, hi)."""
+    a, b = (lo - mu) / sigma, (hi - mu) / sigma
+    pdf = lambda x: math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    cdf = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))
+    z = cdf(b) - cdf(a)
+    mean = mu + sigma * (pdf(a) - pdf(b)) / z
+    sd = sigma * math.sqrt(1 + (a * pdf(a) - b * pdf(b)) / z - ((pdf(a) - pdf(b)) / z) ** 2)
+    return mean, sd
+
+
 @pytest.mark.slow
 def test_nuts_matches_a_linear_gaussian_posterior():
     truth, term, free = _amplitude_problem()
@@ -99,13 +110,8 @@ def test_bounds_enter_through_the_jacobian_and_the_summaries():
         n_samples=1500,
     )  # fmt: skip
     assert post.names == ("amp", "e1")
-    mu, sigma, lo, hi = 0.3, 0.2, -0.6, 0.6
-    a, b = (lo - mu) / sigma, (hi - mu) / sigma
-    pdf = lambda x: math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
-    cdf = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))
-    z = cdf(b) - cdf(a)
-    mean = mu + sigma * (pdf(a) - pdf(b)) / z
-    sd = sigma * math.sqrt(1 + (a * pdf(a) - b * pdf(b)) / z - ((pdf(a) - pdf(b)) / z) ** 2)
+    lo, hi = -0.6, 0.6
+    mean, sd = truncated_normal(0.3, 0.2, lo, hi)
     ess = float(post.ess()[1])
     assert abs(float(post.mean()[1]) - mean) < 4 * sd / math.sqrt(ess)
     assert float(post.std()[1]) == pytest.approx(sd, rel=0.08)

@@ -284,6 +284,19 @@ def run_fit(
     return out
 
 
+def _imaging(args) -> Any:
+    """The one-image dataset of `fit`'s and `sample`'s arguments."""
+    return _load(
+        args.image,
+        args.noise_map,
+        args.psf,
+        args.pixel_scale,
+        args.mask,
+        args.mask_radius,
+        args.supersampling,
+    )
+
+
 def run_sample(
     imaging,
     json_path: str,
@@ -719,15 +732,7 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 if value < least:
                     raise ValueError(f"{option} must be >= {least}, got {value}")
-            imaging = _load(
-                args.image,
-                args.noise_map,
-                args.psf,
-                args.pixel_scale,
-                args.mask,
-                args.mask_radius,
-                args.supersampling,
-            )
+            imaging = _imaging(args)
             out = run_sample(
                 imaging,
                 args.json,
@@ -776,15 +781,7 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 if value is None:
                     raise ValueError(f"{option} is required (or --band once per band)")
-            imaging = _load(
-                args.image,
-                args.noise_map,
-                args.psf,
-                args.pixel_scale,
-                args.mask,
-                args.mask_radius,
-                args.supersampling,
-            )
+            imaging = _imaging(args)
             lens_light = None if args.lens_light.lower() == "none" else args.lens_light
             out = run_fit(
                 imaging,
