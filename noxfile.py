@@ -48,7 +48,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
-    session.install("-e", ".", PYRIGHT)
+    """pyright on src/, with the optional dependencies the code imports (the samplers')."""
+    session.install("-e", ".[numba,sampling]", PYRIGHT)
     session.run("pyright", "src")
 
 
