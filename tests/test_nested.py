@@ -3,7 +3,12 @@ analytic posteriors and evidences: the linear-Gaussian amplitude problem of
 test_sample.py under a uniform box prior and under a Gaussian prior on one amplitude, and
 a truncated-normal prior transform."""
 
+import importlib.util
+import json
 import math
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -200,56 +205,43 @@ def test_summary_dict_arviz_and_refusals():
     assert data["posterior"].attrs["log_evidence"] == post.log_evidence
 
 
-def _coverage_lens():
-    truth = el.LensSystem(
-        mass=mass.SIE(theta_E=1.0, e1=0.06, e2=-0.03),
-        source=light.Sersic(amp=8.0, R_sersic=0.15, n_sersic=1.2, center_x=0.06, center_y=0.02),
-    )
-    free = el.select(
-        truth,
-        lambda s: (
-            s.mass.theta_E, s.mass.e1, s.mass.e2, s.source.R_sersic, s.source.n_sersic,
-            s.source.center_x, s.source.center_y,
-        ),
-    )  # fmt: skip
-    grid = el.Grid((32, 32), 0.1)
-    return truth, free, grid, el.GaussianPSF(0.15, 0.1)
+COVERAGE = pathlib.Path(__file__).parents[1] / "validation" / "sampler_coverage.py"
 
 
-def _coverage_data(seed):
-    truth, free, grid, psf = _coverage_lens()
-    data = el.simulate(
-        jax.random.key(100 + seed), truth, grid, psf, exposure_time=500.0, sky_level=0.5,
-        mask=grid.circular_mask(1.6),
-    )  # fmt: skip
-    objective = el.Objective(el.GaussianLikelihood(data))
-    return objective, el.fit(objective, truth, free=free), free
+def _coverage():
+    spec = importlib.util.spec_from_file_location("sampler_coverage", COVERAGE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.slow
-def test_theta_e_coverage_over_20_simulated_lenses():
-    """20 noise realisations of one lens (SIE theta_E, e1, e2 and a Sersic source's
-    radius, index and centre free; the amplitude solved): the true theta_E inside the
-    posterior's 16-84% interval in 60-76% of them, as the issue asks (a calibrated
-    posterior gives 68%, binomial sd 10%). Measured: see docs/sampling.md."""
-    hits = []
-    for seed in range(20):
-        objective, fit, free = _coverage_data(seed)
-        post = el.nested_sample(
-            objective, fit, free=free, box_width=10.0, n_live=300, n_eff=1000, n_networks=1,
-            seed=seed,
-        )  # fmt: skip
-        k = post.names.index("mass.theta_E")
-        lo, hi = post.quantiles()[[0, 2], k]
-        hits.append(bool(lo <= 1.0 <= hi))
-    assert 12 <= sum(hits) <= 15, hits
+def test_theta_e_coverage_over_20_simulated_lenses(tmp_path):
+    """`validation/sampler_coverage.py`: 20 noise realisations of one lens (SIE theta_E,
+    e1, e2 and a Sersic source's radius, index and centre free; the amplitude solved), the
+    true theta_E inside the posterior's 16-84% interval in 60-76% of them, as the issue
+    asks (a calibrated posterior gives 68%, binomial sd 10%). Measured: see
+    docs/sampling.md. Run as a user runs the script, in its own process (about 5 minutes;
+    2.4x that under this suite's per-call type checks, which its 20 x 30,000 likelihood
+    calls do not need)."""
+    out = tmp_path / "coverage.json"
+    proc = subprocess.run(
+        [sys.executable, str(COVERAGE), "--json", str(out)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    report = json.loads(out.read_text())
+    assert report["n"] == 20 and len(report["rows"]) == 20
+    hits = sum(r["inside"] for r in report["rows"])
+    assert hits == report["hits"]
+    assert 12 <= hits <= 15, proc.stdout
 
 
 @pytest.mark.slow
 def test_nuts_and_nested_sampling_agree():
     """One of the coverage lenses sampled by both: means within 4 joint Monte-Carlo
     errors, standard deviations within 10%."""
-    objective, fit, free = _coverage_data(0)
+    objective, fit, free = _coverage().realisation(0)
     nested = el.nested_sample(objective, fit, free=free, box_width=10.0, n_live=500, n_eff=3000)
     nuts = el.sample(jax.random.key(0), objective, fit, free=free, n_warmup=300, n_samples=500)
     assert nuts.names == nested.names
@@ -257,3 +249,58 @@ def test_nuts_and_nested_sampling_agree():
     mc = np.sqrt(nested.std() ** 2 / nested.n_eff + nested.std() ** 2 / np.asarray(nuts.ess()))
     np.testing.assert_array_less(np.abs(np.asarray(nuts.mean()) - nested.mean()), 4 * mc)
     np.testing.assert_allclose(np.asarray(nuts.std()), nested.std(), rtol=0.1)
+
+
+@pytest.mark.slow
+def test_pixelized_source_marginalised_nested_and_nuts():
+    """Nested sampling and NUTS of a lens's mass with its pixelized source marginalised (the
+    `LogEvidence` term is the likelihood; 36x36 pixels, 14x14 rectangular mesh, SIE
+    theta_E, e1, e2 free): the posterior is close to Gaussian, so its evidence is the
+    Laplace integral of the fit, `log Z = -objective(fit) + d/2 log(2 pi) + 1/2 log det C
+    - log V` (V: the prior box's volume), and its spreads the fit's errors; NUTS agrees."""
+    truth = el.LensSystem(
+        mass=mass.SIE(theta_E=1.0, e1=0.05, e2=-0.03),
+        source=light.Sersic(amp=10.0, R_sersic=0.2, n_sersic=1.2, e1=0.1, center_x=0.05),
+    )
+    grid = el.Grid((36, 36), 0.1)
+    psf = el.GaussianPSF(0.15, 0.1)
+    data = el.simulate(
+        jax.random.key(7), truth, grid, psf, exposure_time=1000.0, sky_level=0.5,
+        mask=grid.circular_mask(1.7),
+    )  # fmt: skip
+    start = el.LensSystem(
+        mass=mass.SIE(theta_E=0.95),
+        source=el.PixelizedSource(el.RectangularMesh((14, 14)), el.ConstantRegularization(1.0)),
+    )
+    free = el.select(start, lambda s: (s.mass.theta_E, s.mass.e1, s.mass.e2))
+    objective = el.Objective(el.LogEvidence(data))
+    fit = el.fit(objective, start, "bfgs", free=free)
+    assert fit.success
+    post = el.nested_sample(objective, fit, free=free, box_width=8.0, n_live=300, n_eff=2000)
+    assert post.backend == "numba" and post.names == fit.names
+    cov = np.asarray(fit.covariance)
+    volume = np.sum(np.log(post.box[:, 1] - post.box[:, 0]))
+    laplace = (
+        -float(fit.value)
+        + 0.5 * len(fit.names) * math.log(2 * math.pi)
+        + 0.5 * np.linalg.slogdet(cov)[1]
+        - volume
+    )
+    # (a Gaussian posterior's Laplace integral is exact; the mesh's adaptation to the
+    # traced pixels leaves small non-Gaussian wiggles)
+    assert abs(post.log_evidence - laplace) < 0.3 + 3 * post.log_evidence_error
+    np.testing.assert_allclose(post.std(), np.asarray(fit.errors), rtol=0.25)
+    k = post.names.index("mass.theta_E")
+    assert abs(post.mean()[k] - 1.0) < 4 * post.std()[k]
+    # NUTS on the same posterior (its chains one after another: chain_method "auto" on a
+    # CPU with a LogEvidence term; trees capped at 64 steps, as docs/sampling.md advises
+    # for the piecewise-smooth evidence)
+    nuts = el.sample(
+        jax.random.key(1), objective, fit, free=free, n_chains=2, n_warmup=150, n_samples=300,
+        max_tree_depth=6,
+    )  # fmt: skip
+    assert np.all(np.asarray(nuts.rhat()) < 1.05)
+    sd = post.std()
+    mc = np.sqrt(sd**2 / post.n_eff + sd**2 / np.asarray(nuts.ess()))
+    np.testing.assert_array_less(np.abs(np.asarray(nuts.mean()) - post.mean()), 4 * mc)
+    np.testing.assert_allclose(np.asarray(nuts.std()), sd, rtol=0.25)

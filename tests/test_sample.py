@@ -143,5 +143,7 @@ def test_bad_arguments_are_refused():
         el.sample(key, objective, model, free=free, n_samples=-3)
     with pytest.raises(ValueError, match="target_acceptance"):
         el.sample(key, objective, model, free=free, target_acceptance=1.0)
+    with pytest.raises(ValueError, match="chain_method"):
+        el.sample(key, objective, model, free=free, chain_method="parallel")
     with pytest.raises(TypeError, match="Objective"):
         el.sample(key, objective.terms[0], model, free=free)

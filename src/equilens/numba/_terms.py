@@ -21,6 +21,7 @@ from .._multiband import MultiBandLensSystem
 from ..data import Imaging
 from ..mass import AbstractMassProfile
 from ..objective import Objective
+from ..objective._params import Parametrisation, linear_leaves
 from ..source import PixelizedSource
 from ..terms import (
     AbstractTerm,
@@ -408,11 +409,17 @@ def log_density(
     `MultiBandTerm` in one call) or with a class the Numba backend
     cannot evaluate (tried once at `x0`): JAX then. `LogDensity.backend` says which.
     """
+    param = Parametrisation.build(model, linear_leaves(model, objective), free=free, bounds=bounds)
+    return density(objective, model, param, backend)
+
+
+def density(
+    objective: Objective, model: PyTree[Any], param: Parametrisation, backend: str = "auto"
+) -> LogDensity:
+    """`log_density` with the free parameters and bounds given as a `Parametrisation`
+    (for callers that built it already: `equilens.nested_sample` uses the fit's)."""
     if backend not in ("auto", "numba", "jax"):
         raise ValueError(f"backend must be 'auto', 'numba' or 'jax', got {backend!r}")
-    from ..objective._params import Parametrisation, linear_leaves
-
-    param = Parametrisation.build(model, linear_leaves(model, objective), free=free, bounds=bounds)
     leaves, treedef = jax.tree.flatten(model)
     free_leaves = [i for i, f in enumerate(param.free) if f]
     shapes = [np.shape(leaves[i]) for i in free_leaves]

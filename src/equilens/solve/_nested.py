@@ -24,7 +24,6 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import Float, PyTree
 
 from ..objective import Objective, Parametrisation
-from ..objective._params import select
 from ..terms import GaussianPrior, UniformPrior
 from ._result import FitResult
 from ._sample import QUANTILES, format_summary, parameter_summary
@@ -182,8 +181,6 @@ class _Prior:
         if np.any(self.gauss & (self.c_hi - self.c_lo < 1e-12)):
             raise ValueError("nested_sample: a Gaussian prior lies outside its parameter's bounds")
         uniform = ~self.gauss
-        if not np.all(np.isfinite(box[uniform])):
-            raise AssertionError("unbounded uniform prior")  # (checked by the caller)
         self.flat_lo, self.flat_span = np.zeros_like(self.lo), np.zeros_like(self.lo)
         self.flat_lo[uniform] = self.lo[uniform]
         self.flat_span[uniform] = self.hi[uniform] - self.lo[uniform]
@@ -218,9 +215,6 @@ def _prior_rows(term: Any, template: Any, param: Parametrisation, v0: np.ndarray
             )
         if len(nz) == 1:
             rows[r] = nz[0]
-    # a picked parameter that is not free has no Jacobian row; still check `where`
-    # picks leaves (select raises otherwise)
-    select(template, term.where)
     return rows
 
 
@@ -249,8 +243,9 @@ def nested_sample(
 
     - `objective`: the `Objective`. Its `GaussianPrior` and `UniformPrior` terms (weight
       1, on parameters, not on functions of them) are the prior (a Gaussian prior on a
-      bounded parameter truncated to the bounds and renormalised); every other term, with
-      its weight, is the negative log-likelihood.
+      bounded parameter truncated to the bounds and renormalised; a prior on a parameter
+      that is not free is a constant and is left out); every other term, with its weight,
+      is the negative log-likelihood.
     - `start`: a `FitResult` or a model: the template (fixed parameters, structure,
       linearly solved amplitudes' layout). Nested sampling does not start from it.
     - `free`, `bounds`: as for `equilens.fit` (the same parameters and intervals).
@@ -273,7 +268,7 @@ def nested_sample(
     """
     from nautilus import Sampler
 
-    from ..numba import log_density
+    from ..numba._terms import density
     from ._fit import parametrisation
 
     if not isinstance(objective, Objective):
@@ -377,9 +372,8 @@ def nested_sample(
             "UniformPrior or GaussianPrior term, or box_width with a fit"
         )
 
-    dens = log_density(like_objective, template, free=free, bounds=bounds, backend=backend)
-    if dens.names != names or not np.array_equal(dens.x0, v0):
-        raise AssertionError("log_density's parameters differ from the fit's")
+    # the likelihood over the same parameters (the uniform priors' bounds apply there too)
+    dens = density(like_objective, template, param, backend)
     prior = _Prior(box, mean, sigma)
 
     def run() -> Any:
