@@ -343,18 +343,27 @@ def test_sample_command_writes_posterior_netcdf_and_corner(fits_files, tmp_path,
 
 
 @pytest.mark.slow
-def test_sample_command_nested_writes_the_evidence(fits_files, tmp_path, capsys):
+def test_sample_command_nested_pixelized_writes_the_evidence(fits_files, tmp_path, capsys):
     pytest.importorskip("nautilus")
     pytest.importorskip("arviz")
-    out = tmp_path / "nested.json"
-    # a lens without lens light (13 parameters: SIE + shear, Sersic source)
+    out = tmp_path / "pix.json"
+    # the lens without lens light, its source pixelized (32x32 mesh, the strength fitted)
+    # and marginalised by the evidence: the 7 mass parameters (SIE + shear) sampled (the
+    # parametric objective is the NUTS test's; the two tests cover both branches of each)
     paths = fits_files | {"image": fits_files["dark"], "noise": fits_files["dark_noise"]}
-    argv = _sample_args(paths, "--lens-light", "none", "--sampler", "nested", "--live", "300")
-    code = main([*argv, "--samples", "800", "--prior-width", "5", "--json", str(out)])
+    argv = _sample_args(paths, "--lens-light", "none", "--sampler", "nested", "--live", "200")
+    argv += ["--source", "pixelized", "--samples", "500", "--prior-width", "5"]
+    code = main([*argv, "--json", str(out)])
     result = json.loads(out.read_text())
     post = result["posterior"]
     assert post["sampler"] == "nautilus" and math.isfinite(post["log_evidence"])
     assert 0 < post["log_evidence_error"] < 0.1
+    assert len(post["parameters"]) == result["fit"]["n_free"] == 7
+    assert all(name.startswith("mass.") for name in post["parameters"])
+    # the regularization's strength, fitted by the evidence, is held (no error)
+    (pix,) = [c for c in result["fit"]["components"] if c["class"] == "PixelizedSource"]
+    strength = pix["parameters"]["regularization.coefficient"]
+    assert strength["value"] > 0 and strength["error"] is None
     theta = post["parameters"]["mass.components[0].theta_E"]
     assert theta["p16"] < theta["p50"] < theta["p84"]
     assert abs(theta["mean"] - 1.0) < 5 * theta["std"] + 2e-3
@@ -363,16 +372,21 @@ def test_sample_command_nested_writes_the_evidence(fits_files, tmp_path, capsys)
     lo, hi = theta["prior"]
     assert hi - lo == pytest.approx(10 * fit_error, rel=1e-6)
     assert 0.5 < theta["std"] / fit_error < 2.0
-    assert (tmp_path / "nested.nc").stat().st_size > 0
-    assert (tmp_path / "nested_corner.png").exists()
-    assert code == (0 if post["n_eff"] >= 0.9 * 800 else 2)
-    assert "log Z" in capsys.readouterr().out
+    assert (tmp_path / "pix.nc").stat().st_size > 0
+    assert (tmp_path / "pix_corner.png").exists()
+    assert code == (0 if post["n_eff"] >= 0.9 * 500 else 2)
+    printed = capsys.readouterr().out
+    assert "pixelized source: rectangular mesh" in printed and "log Z" in printed
 
 
 def test_sample_command_refuses_bad_counts(fits_files, tmp_path, capsys):
     assert main(_sample_args(fits_files, "--live", "3", "--json", str(tmp_path / "x.json"))) == 1
     assert "--live must be >= 10" in capsys.readouterr().err
-    for option in ("--chains", "--samples"):
+    for option in ("--chains", "--samples", "--max-tree-depth"):
         argv = _sample_args(fits_files, option, "0", "--json", str(tmp_path / "x.json"))
         assert main(argv) == 1
         assert f"{option} must be >= 1" in capsys.readouterr().err
+    # a pixelized source's mesh is checked before any fitting
+    argv = _sample_args(fits_files, "--source", "pixelized", "--mesh", "hexagonal")
+    assert main([*argv, "--json", str(tmp_path / "x.json")]) == 1
+    assert "--mesh must be one of" in capsys.readouterr().err

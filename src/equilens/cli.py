@@ -34,9 +34,11 @@ regularization strength per band, fitted by the sum of the bands' evidences
 
 `equilens sample IMAGE.fits --noise-map ... --psf ... --pixel-scale ... [--sampler nuts]
 [--chains 4] [--warmup 500] [--samples N] [--seed 0] --json OUT.json` (the model options
-as for one image, parametric sources) fits, then samples the posterior from the fit
-(`pip install equilens[sampling]`): with NUTS chains (`equilens.sample`; `--samples` draws
-per chain, default 1000) or, with `--sampler nested`, nautilus on the Numba likelihood
+as for one image; with `--source pixelized`, the mass's parameters are sampled with the
+source marginalised by the evidence, the regularization held as fitted) fits, then samples
+the posterior from the fit (`pip install equilens[sampling]`): with NUTS chains
+(`equilens.sample`; `--samples` draws per chain, default 1000; `--max-tree-depth`, default
+10, 6 for a pixelized source) or, with `--sampler nested`, nautilus on the Numba likelihood
 (`equilens.nested_sample`; uniform priors on the fit +- `--prior-width` (10) errors inside
 the class bounds, `--live` points, `--samples` effective samples, default 10000), which
 also gives the log-evidence. OUT.json holds the fit and, per parameter, the posterior
@@ -206,14 +208,7 @@ def run_fit(
     import numpy as np
 
     from .plot import plot_fit, plot_reconstruction
-    from .solve import (
-        auto_positions,
-        fit_lens,
-        fit_pixelized,
-        pixelized_model,
-        result_to_dict,
-        write_json,
-    )
+    from .solve import fit_lens, result_to_dict, write_json
 
     # pixelized: build (and so check) the mesh and regularization before any fitting
     pix_mesh = make_mesh(mesh, imaging) if source == "pixelized" else None
@@ -251,24 +246,11 @@ def run_fit(
             "components": result_to_dict(result)["components"],
         }
         print(f"  pixelized source: {mesh} mesh, {regularization} regularization")
-        # the images of one source point held together: the given positions, or the
-        # images of the parametric source's centre
-        held = positions if positions is not None else auto_positions(imaging, result.model)
+        result, inversion, stages, held = _pixelized_stage(
+            imaging, result, pix_mesh, pix_reg, strength, solver, max_steps, positions, progress
+        )
         if held is not None:
             extra["positions"] = np.asarray(held).tolist()
-        start = pixelized_model(result.model, pix_mesh, pix_reg)
-        # the evidence is not least squares: lm -> the pipeline's default minimiser
-        solver_px = None if solver == "lm" else solver
-        result, inversion, stages = fit_pixelized(
-            imaging,
-            start,
-            solver=solver_px,
-            fit_strength=strength is None,
-            lens_light="fixed",
-            max_steps=1000 if max_steps is None else max_steps,
-            positions=held,
-            progress=progress,
-        )
         extra["stages"] = stages
         extra["log_evidence"] = float(inversion.log_evidence)
         extra["source_fits"] = base + "_source.fits"
@@ -282,6 +264,32 @@ def run_fit(
     print(f"  result: {json_path}\n  figure: {png}\n  wall time {time.perf_counter() - t0:.1f} s")
     out["status"] = "successful" if result.success else result.message()
     return out
+
+
+def _pixelized_stage(
+    imaging, parametric, mesh, regularization, strength, solver, max_steps, positions, progress
+) -> tuple[Any, Any, list, Any]:
+    """`fit_pixelized` from a parametric fit (its mass and lens light, the lens light held),
+    as `equilens fit --source pixelized` runs it: the regularization's strength fitted
+    unless `strength` is given, the images of one source point held together (the given
+    `positions`, or the images of the parametric source's centre). Returns the result, the
+    inversion, the stage records and the held positions (or None)."""
+    from .solve import auto_positions, fit_pixelized, pixelized_model
+
+    held = positions if positions is not None else auto_positions(imaging, parametric.model)
+    start = pixelized_model(parametric.model, mesh, regularization)
+    # the evidence is not least squares: lm -> the pipeline's default minimiser
+    result, inversion, stages = fit_pixelized(
+        imaging,
+        start,
+        solver=None if solver == "lm" else solver,
+        fit_strength=strength is None,
+        lens_light="fixed",
+        max_steps=1000 if max_steps is None else max_steps,
+        positions=held,
+        progress=progress,
+    )
+    return result, inversion, stages, held
 
 
 def _imaging(args) -> Any:
@@ -316,10 +324,17 @@ def run_sample(
     sampler: str = "nuts",
     n_live: int = 1000,
     prior_width: float = 10.0,
+    mesh: str = "rectangular",
+    regularization: str = "constant",
+    strength: float | None = None,
+    max_tree_depth: int | None = None,
 ) -> dict[str, str]:
-    """Fits `imaging` as `run_fit` does (parametric source), then samples the posterior
-    over the same objective: `sampler="nuts"` with NUTS (`equilens.sample`, started from
-    the fit; `n_samples` draws per chain, default 1000) or `"nested"` with nautilus
+    """Fits `imaging` as `run_fit` does, then samples the posterior over the same
+    objective (for `source="pixelized"`: the mass's parameters with the source
+    marginalised, the `LogEvidence` the likelihood, the regularization held at its fitted
+    strength and the lens light as fitted): `sampler="nuts"` with NUTS (`equilens.sample`,
+    started from the fit; `n_samples` draws per chain, default 1000; `max_tree_depth`
+    default 10, 6 for a pixelized source) or `"nested"` with nautilus
     (`equilens.nested_sample` on the Numba likelihood, a uniform prior on the fit +-
     `prior_width` of its errors inside the class bounds; `n_samples` effective samples,
     default 10000). Writes the JSON (the fit under `fit`, the posterior under `posterior`:
@@ -330,17 +345,19 @@ def run_sample(
     reached its effective sample size."""
     import jax
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .objective import Objective
-    from .solve import fit_lens, nested_sample, result_to_dict, sample
-    from .solve._pipeline import _positions_term
-    from .terms import GaussianLikelihood
+    from .objective import Objective, select
+    from .solve import fit_lens, nested_sample, result_to_dict, sample, threshold_term
+    from .solve._pipeline import _evidence_fit, _positions_term
+    from .terms import GaussianLikelihood, LogEvidence
 
-    if source == "pixelized":
-        raise ValueError("equilens sample: --source pixelized is not supported yet")
+    pixelized = source == "pixelized"
+    pix_mesh = make_mesh(mesh, imaging) if pixelized else None
+    pix_reg = make_regularization(regularization, strength) if pixelized else None
     if sampler not in ("nuts", "nested"):
         raise ValueError(f"--sampler must be nuts or nested, got {sampler!r}")
     nested = sampler == "nested"
@@ -357,25 +374,53 @@ def run_sample(
         f"on {imaging.shape[0]}x{imaging.shape[1]} pixels ({int(imaging.mask.sum())} in the "
         f"mask): a fit, then {how}"
     )
+    progress = sys.stderr.isatty()
     result = fit_lens(
         imaging,
         mass,
         lens_light,
-        source,
+        "sersic" if pixelized else source,
         solver=solver,
         max_steps=300 if max_steps is None else max_steps,
         positions=positions,
         positions_sigma=positions_sigma,
-        progress=sys.stderr.isatty(),
+        progress=progress,
     )
+    free = None
+    if pix_mesh is not None and pix_reg is not None:
+        print(f"  pixelized source: {mesh} mesh, {regularization} regularization")
+        parametric = result
+        result, _, _, held = _pixelized_stage(
+            imaging, result, pix_mesh, pix_reg, strength, solver, max_steps, positions, progress
+        )
+        # the sampled parameters: the mass, the source marginalised by the evidence (and
+        # the images held together as in the fit); the regularization held as fitted
+        objective = Objective(LogEvidence(imaging))
+        if held is not None:
+            guard = threshold_term(parametric.model, held)  # fit_pixelized's own guard
+            objective = Objective([LogEvidence(imaging), guard])
+        free = select(result.model, lambda s: s.mass)
+        if strength is None:
+            # the strength was fitted too: the mass alone again (from the optimum: a few
+            # steps), for the chains' start, the names and the covariance
+            result = _evidence_fit(objective, result.model, free, "bfgs", 1000, progress)
+        if not np.all(np.isfinite(np.asarray(result.errors))):
+            raise ValueError(
+                "equilens sample: the pixelized fit has no covariance (its Hessian is not "
+                "positive definite even smoothed), so the samplers have no scale to start "
+                "from; try another --mesh or --regularization-strength"
+            )
+    else:
+        terms: list = [GaussianLikelihood(imaging, nonnegative=True)]
+        if positions is not None:
+            terms.append(_positions_term(positions, positions_sigma, imaging.pixel_scale))
+        objective = Objective(terms)
     print(result.table())
-    terms: list = [GaussianLikelihood(imaging, nonnegative=True)]
-    if positions is not None:
-        terms.append(_positions_term(positions, positions_sigma, imaging.pixel_scale))
     if nested:
         post: Any = nested_sample(
-            Objective(terms),
+            objective,
             result,
+            free=free,
             box_width=prior_width,
             n_live=n_live,
             n_eff=n_samples,
@@ -384,11 +429,13 @@ def run_sample(
     else:
         post = sample(
             jax.random.key(seed),
-            Objective(terms),
+            objective,
             result,
+            free=free,
             n_chains=n_chains,
             n_warmup=n_warmup,
             n_samples=n_samples,
+            max_tree_depth=(6 if pixelized else 10) if max_tree_depth is None else max_tree_depth,
         )
     print(post.summary())
     folder = os.path.dirname(os.path.abspath(json_path))
@@ -604,6 +651,21 @@ def run_demo(output: str, solver: str = "lm") -> dict[str, str]:
     return out
 
 
+def _pixelized_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mesh", default="rectangular", help="pixelized source mesh: " + "|".join(MESHES)
+    )
+    parser.add_argument(
+        "--regularization", default="constant", help="pixelized: " + "|".join(REGULARIZATIONS)
+    )
+    parser.add_argument(
+        "--regularization-strength",
+        type=float,
+        default=None,
+        help="pixelized: fixed strength (default: fitted by the evidence)",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="equilens", description="equilens: strong gravitational lens modelling"
@@ -637,18 +699,7 @@ def main(argv: list[str] | None = None) -> int:
         "expansion; sersic+sersic: a double Sersic); none for data with the lens removed",
     )
     fit.add_argument("--source", default="sersic", help="source light profiles, or 'pixelized'")
-    fit.add_argument(
-        "--mesh", default="rectangular", help="pixelized source mesh: " + "|".join(MESHES)
-    )
-    fit.add_argument(
-        "--regularization", default="constant", help="pixelized: " + "|".join(REGULARIZATIONS)
-    )
-    fit.add_argument(
-        "--regularization-strength",
-        type=float,
-        default=None,
-        help="pixelized: fixed strength (default: fitted by the evidence)",
-    )
+    _pixelized_options(fit)
     fit.add_argument("--supersampling", type=int, default=1, help="sub-pixels per pixel side")
     fit.add_argument("--solver", default="lm", help="solver name (lm, bfgs, lbfgs, adam)")
     fit.add_argument(
@@ -679,7 +730,8 @@ def main(argv: list[str] | None = None) -> int:
     smp.add_argument("--mask-radius", type=float, help="use pixels within R arcsec of the centre")
     smp.add_argument("--mass", default="sie+shear", help="mass profiles, '+'-joined")
     smp.add_argument("--lens-light", default="mge", help="lens light profiles, or none")
-    smp.add_argument("--source", default="sersic", help="source light profiles (parametric)")
+    smp.add_argument("--source", default="sersic", help="source light profiles, or 'pixelized'")
+    _pixelized_options(smp)
     smp.add_argument("--supersampling", type=int, default=1, help="sub-pixels per pixel side")
     smp.add_argument("--solver", default="lm", help="solver of the fit the chains start from")
     smp.add_argument("--max-steps", type=int, default=None, help="solver steps per fit")
@@ -692,7 +744,19 @@ def main(argv: list[str] | None = None) -> int:
         help="nuts (blackjax NUTS chains on device) or nested (nautilus on the Numba "
         "likelihood: the posterior and the log-evidence)",
     )
-    smp.add_argument("--chains", type=int, default=4, help="NUTS chains (vmapped)")
+    smp.add_argument(
+        "--chains",
+        type=int,
+        default=4,
+        help="NUTS chains (vmapped; one after another for a pixelized source on a CPU)",
+    )
+    smp.add_argument(
+        "--max-tree-depth",
+        type=int,
+        default=None,
+        help="NUTS: at most 2^D leapfrog steps per draw (default 10; 6 with --source "
+        "pixelized, whose evidence is smooth only piecewise)",
+    )
     smp.add_argument("--warmup", type=int, default=500, help="window-adaptation steps per chain")
     smp.add_argument(
         "--samples",
@@ -729,6 +793,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("--warmup", args.warmup, 0),
                 ("--samples", 1 if args.samples is None else args.samples, 1),
                 ("--live", args.live, 10),
+                ("--max-tree-depth", 1 if args.max_tree_depth is None else args.max_tree_depth, 1),
             ):
                 if value < least:
                     raise ValueError(f"{option} must be >= {least}, got {value}")
@@ -750,6 +815,10 @@ def main(argv: list[str] | None = None) -> int:
                 sampler=args.sampler,
                 n_live=args.live,
                 prior_width=args.prior_width,
+                mesh=args.mesh,
+                regularization=args.regularization,
+                strength=args.regularization_strength,
+                max_tree_depth=args.max_tree_depth,
             )
         else:
             if args.supersampling < 1:
