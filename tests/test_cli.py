@@ -185,6 +185,24 @@ def test_bad_input_is_one_line_and_nonzero(fits_files, tmp_path, capsys, overrid
     assert message in err, err
 
 
+def test_a_nan_border_outside_the_mask_radius_is_ignored_and_counted(fits_files, tmp_path, capsys):
+    from equilens.cli import _load
+
+    image = fits.getdata(fits_files["image"]).astype(float)
+    image[:, :2] = np.nan  # 50x50 at 0.06": these columns are 1.4" or more from the centre
+    path = str(tmp_path / "border.fits")
+    fits.PrimaryHDU(image).writeto(path)
+    args = (path, fits_files["noise"], fits_files["psf"], 0.06)
+    imaging = _load(*args, fits_files["mask"], 1.3, 1)
+    assert f"{path}: 100 bad pixels (NaN, inf or noise <= 0) outside the mask, ignored" in (
+        capsys.readouterr().out
+    )
+    assert bool(np.all(np.isfinite(np.asarray(imaging.data))))
+    # without the radius the NaN are inside the mask: refused, as before
+    with pytest.raises(ValueError, match="NaN/inf pixels inside the mask"):
+        _load(*args, fits_files["mask"], None, 1)
+
+
 def test_unknown_command_exits_nonzero():
     with pytest.raises(SystemExit) as err:
         main(["nonsense"])

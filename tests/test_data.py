@@ -104,6 +104,58 @@ def test_imaging_validation():
     m[3, 3] = False
     ok = el.Imaging(bad, np.ones((10, 10)), psf, 0.1, mask=m)
     assert float(ok.data[3, 3]) == 0.0
+    assert ok.ignored_bad_pixels == 1
+    assert el.Imaging(d, np.ones((10, 10)), psf, 0.1).ignored_bad_pixels == 0
+    # a PSF kernel larger than the image
+    with pytest.raises(ValueError, match=r"PSF kernel \(11x11 image pixels\) is larger"):
+        el.Imaging(d, np.ones((10, 10)), el.PixelPSF(np.ones((11, 11))), 0.1)
+
+
+def test_a_crop_is_never_smaller_than_the_psf_kernel():
+    psf = el.PixelPSF(np.ones((9, 9)))
+    mask = np.zeros((30, 30), bool)
+    mask[0:2, 0:2] = True  # in a corner: the default margin (4) gives a 6x6 crop
+    cut = el.Imaging(np.ones((30, 30)), np.ones((30, 30)), psf, 0.1, mask=mask).cropped()
+    assert cut.shape == (9, 9)
+    assert int(cut.mask.sum()) == 4
+    # the used pixels keep their sky positions
+    full = el.Grid((30, 30), 0.1)
+    x_used = np.sort(np.asarray(full.x)[mask])
+    np.testing.assert_allclose(np.sort(np.asarray(cut.grid.x)[np.asarray(cut.mask)]), x_used)
+
+
+def test_from_fits_ignores_a_nan_border_outside_the_mask_radius(tmp_path):
+    from astropy.io import fits
+
+    image = np.ones((40, 40))
+    image[:, :3] = np.nan  # a cutout's NaN border
+    noise = np.ones((40, 40))
+    noise[-2:, :] = 0.0
+    paths = {}
+    for name, arr in [("image", image), ("noise", noise), ("psf", np.ones((5, 5)))]:
+        paths[name] = str(tmp_path / f"{name}.fits")
+        fits.PrimaryHDU(arr).writeto(paths[name])
+    with pytest.raises(ValueError, match="NaN/inf pixels inside the mask"):
+        el.Imaging.from_fits(paths["image"], paths["noise"], paths["psf"], 0.1)
+    ds = el.Imaging.from_fits(paths["image"], paths["noise"], paths["psf"], 0.1, mask_radius=1.5)
+    assert ds.ignored_bad_pixels == 40 * 3 + 2 * 37
+    assert int(ds.mask.sum()) == int(el.Grid((40, 40), 0.1).circular_mask(1.5).sum())
+    with pytest.raises(ValueError, match="mask_radius must be > 0"):
+        el.Imaging.from_fits(paths["image"], paths["noise"], paths["psf"], 0.1, mask_radius=0.0)
+
+
+def test_float32_is_announced_and_float64_is_silent():
+    import warnings
+
+    psf = el.PixelPSF(np.ones((3, 3)))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        el.Imaging(np.ones((8, 8)), np.ones((8, 8)), psf, 0.1)
+    found = [w for w in seen if issubclass(w.category, el.PrecisionWarning)]
+    if jax.config.jax_enable_x64:  # pyright: ignore[reportAttributeAccessIssue]
+        assert found == []
+    else:
+        assert len(found) == 1 and "x64 flag is off" in str(found[0].message)
 
 
 def test_imaging_from_fits_real_data():
@@ -160,3 +212,26 @@ def test_padded_grid_shares_pixels():
     np.testing.assert_allclose(p.y[:5, :7], g.y, atol=10 * default_eps())
     with pytest.raises(ValueError, match="smaller"):
         g.padded((4, 7))
+
+
+def test_outputs_are_replaced_in_one_step_or_not_at_all(tmp_path):
+    from equilens._files import atomic_path
+
+    target = tmp_path / "out.json"
+    target.write_text("old")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        with open(tmp, "w") as f:
+            f.write("half of the new")
+        raise RuntimeError("interrupted")
+    assert target.read_text() == "old"  # untouched, and no temporary file left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+    with atomic_path(target) as tmp:
+        assert tmp.endswith(".json") and os.path.dirname(tmp) == str(tmp_path)
+        with open(tmp, "w") as f:
+            f.write("new")
+    assert target.read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+    # the permissions of a file written the ordinary way
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    assert (target.stat().st_mode & 0o777) == (plain.stat().st_mode & 0o777)

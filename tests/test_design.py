@@ -103,3 +103,16 @@ def test_numba_code_lives_only_in_the_numba_subpackage():
         text = path.read_text()
         for needle in ("njit", "numba.jit", "@jit", "prange"):
             assert needle not in text, f"{needle} in {path} (Numba code belongs in equilens/numba)"
+
+
+def test_plot_and_numba_need_no_import_of_their_own():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, equilens as el\n"
+        "assert 'equilens.plot' not in sys.modules  # imported on first use only\n"
+        "print(el.plot.plot_fit.__name__, el.numba.log_density.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["plot_fit", "log_density"]

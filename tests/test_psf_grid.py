@@ -49,6 +49,14 @@ def test_bad_grids_raise():
         el.Grid((3, 3), -0.1)
     with pytest.raises(ValueError, match="supersampling"):
         el.Grid((3, 3), 0.1, supersampling=0)
+    with pytest.raises(ValueError, match="pixel_scale"):
+        el.Grid((3, 3), float("inf"))
+    # a third axis is refused, not cut off (by the annotation where beartype checks it, as
+    # in these tests, else by Grid's own check)
+    with pytest.raises((ValueError, TypeError), match=r"\(10, 10, 3\)"):
+        el.Grid((10, 10, 3), 0.1)
+    with pytest.raises((ValueError, TypeError), match=r"2\.5"):
+        el.Grid((10, 2.5), 0.1)
 
 
 @pytest.mark.parametrize("shape, ksize", [((100, 100), 21), ((37, 52), 9), ((20, 20), 31)])

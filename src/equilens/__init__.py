@@ -18,6 +18,7 @@ from . import (
     source as source,
     terms as terms,
 )
+from ._checks import PrecisionWarning as PrecisionWarning
 from ._grid import Grid as Grid, MaskedGrid as MaskedGrid
 from ._lens_system import LensSystem as LensSystem
 from ._math import (
@@ -65,3 +66,15 @@ from .terms import (
 )
 
 __version__ = "0.1.0"
+
+#: Submodules imported on first use (matplotlib, Numba): `el.plot.plot_fit(...)` works after
+#: `import equilens as el` alone.
+_LAZY = ("plot", "numba")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'equilens' has no attribute {name!r}")

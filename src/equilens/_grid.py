@@ -6,6 +6,8 @@ has x growing with the column `j` and y growing with the row `i` (plot with
 is then the (x, y) position of the array centre.
 """
 
+import math
+
 import equinox as eqx
 import jax
 import jax.core
@@ -52,7 +54,11 @@ class Grid(eqx.Module):
             raise ValueError(f"Grid.shape must be (ny, nx), got {self.shape!r}")
         for n in self.shape:
             _check_positive_int("Grid.shape entries", n)
-        if not (isinstance(self.pixel_scale, float | int) and self.pixel_scale > 0):
+        if not (
+            isinstance(self.pixel_scale, float | int)
+            and math.isfinite(self.pixel_scale)
+            and self.pixel_scale > 0
+        ):
             raise ValueError(
                 f"Grid.pixel_scale must be a positive number, got {self.pixel_scale!r}"
             )
@@ -66,6 +72,10 @@ class Grid(eqx.Module):
         supersampling: int = 1,
         split: tuple[Mesh, str] | None = None,
     ):
+        if len(shape) != 2:
+            raise ValueError(f"Grid.shape must be (ny, nx), got {tuple(shape)!r}")
+        for n in shape:
+            _check_positive_int("Grid.shape entries", n)
         self.shape = (int(shape[0]), int(shape[1]))
         self.pixel_scale = float(pixel_scale)
         self.origin = (float(origin[0]), float(origin[1]))

@@ -6,7 +6,7 @@ amplitudes, 3" circular mask, 2x2 supersampling, generic start) and writes `demo
 `demo.png` to DIR (default `equilens_demo`).
 
 `equilens fit IMAGE.fits --noise-map NOISE.fits --psf PSF.fits --pixel-scale 0.05
-[--mask MASK.fits] [--mask-radius R] --mass sie+shear [--lens-light mge|sersic|none]
+[--exclude-mask MASK.fits] [--mask-radius R] --mass sie+shear [--lens-light mge|sersic|none]
 --source sersic --json OUT.json` fits a user's data the same way and writes OUT.json and a
 PNG next to it. With `--source pixelized [--mesh rectangular[:NYxNX]|adaptive[:NYxNX]|
 delaunay[:N]] [--regularization constant|curvature|adaptive|matern]
@@ -60,6 +60,8 @@ import sys
 import time
 from typing import Any
 
+from ._files import atomic_path
+
 DEMO_MASK_RADIUS = 3.0  # arcsec: the lens and the inner ring of SDSS J0946+1006
 DEMO_SUPERSAMPLING = 2  # the source is compact (R ~ 0.1"): 2x2 sub-pixels per pixel
 
@@ -73,26 +75,29 @@ def _load(
     radius: float | None,
     supersampling: int,
 ):
-    import numpy as np
-
     from . import Imaging
 
     if not pixel_scale > 0:
         raise ValueError(f"--pixel-scale must be > 0 arcsec, got {pixel_scale}")
     if radius is not None and not radius > 0:
         raise ValueError(f"--mask-radius must be > 0 arcsec, got {radius}")
-    full = Imaging.from_fits(image, noise_map, psf, pixel_scale, exclude_mask=exclude)
-    mask = np.asarray(full.mask)
-    if radius is not None:
-        mask = mask & full.grid.circular_mask(radius)
-    return Imaging(
-        np.asarray(full.data),
-        np.asarray(full.noise_map),
-        full.psf,
+    # the radius joins the mask before the data are checked: only the pixels the fit uses
+    # must be finite with positive noise (a cutout's NaN border outside it is ignored)
+    full = Imaging.from_fits(
+        image,
+        noise_map,
+        psf,
         pixel_scale,
-        mask=mask,
+        exclude_mask=exclude,
         supersampling=supersampling,
-    ).cropped()
+        mask_radius=radius,
+    )
+    if full.ignored_bad_pixels:
+        print(
+            f"  {image}: {full.ignored_bad_pixels} bad pixels (NaN, inf or noise <= 0) "
+            "outside the mask, ignored"
+        )
+    return full.cropped()
 
 
 def _positions(path: str | None):
@@ -181,7 +186,8 @@ def write_source_fits(path: str, inversion, n: int = 120) -> None:
     header["LOGEVID"] = (float(inversion.log_evidence), "log Bayesian evidence")
     primary = fits.PrimaryHDU(np.asarray(inversion.source_image(grid)), header=header)
     errors = fits.ImageHDU(np.asarray(inversion.error_image(grid)), name="ERRORS")
-    fits.HDUList([primary, errors]).writeto(path, overwrite=True)
+    with atomic_path(path) as tmp:
+        fits.HDUList([primary, errors]).writeto(tmp, overwrite=True)
 
 
 def run_fit(
@@ -442,14 +448,16 @@ def run_sample(
     os.makedirs(folder, exist_ok=True)
     base = os.path.splitext(json_path)[0]
     out = {"json": json_path, "netcdf": base + ".nc", "corner": base + "_corner.png"}
-    post.to_arviz().to_netcdf(out["netcdf"])
+    with atomic_path(out["netcdf"]) as tmp:
+        post.to_arviz().to_netcdf(tmp)
     fig = post.corner(truths=list(map(float, result.values)))
     if title:
         fig.suptitle(title)
-    fig.savefig(out["corner"], dpi=80)
+    with atomic_path(out["corner"]) as tmp:
+        fig.savefig(tmp, dpi=80)
     plt.close(fig)
     summary = post.to_dict()
-    with open(json_path, "w") as f:
+    with atomic_path(json_path) as tmp, open(tmp, "w") as f:
         json.dump({"fit": result_to_dict(result), "posterior": summary}, f, indent=2)
     print(
         f"  result: {json_path}\n  draws: {out['netcdf']}\n  corner plot: {out['corner']}\n"
@@ -689,7 +697,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     fit.add_argument("--band-names", help="comma-separated names of the --band options")
     fit.add_argument("--band-pixel-scales", help="comma-separated arcsec per pixel, one per --band")
-    fit.add_argument("--mask", help="FITS file, non-zero = pixel excluded")
+    fit.add_argument(
+        "--exclude-mask",
+        "--mask",
+        dest="mask",
+        help="FITS file, non-zero = pixel excluded (--mask: the same; the API's mask= is "
+        "True = used)",
+    )
     fit.add_argument("--mask-radius", type=float, help="use pixels within R arcsec of the centre")
     fit.add_argument("--mass", default="sie+shear", help="mass profiles, '+'-joined")
     fit.add_argument(
@@ -726,7 +740,13 @@ def main(argv: list[str] | None = None) -> int:
     smp.add_argument("--noise-map", required=True, help="1-sigma noise FITS file")
     smp.add_argument("--psf", required=True, help="PSF kernel FITS file (odd-sized)")
     smp.add_argument("--pixel-scale", type=float, required=True, help="arcsec per pixel")
-    smp.add_argument("--mask", help="FITS file, non-zero = pixel excluded")
+    smp.add_argument(
+        "--exclude-mask",
+        "--mask",
+        dest="mask",
+        help="FITS file, non-zero = pixel excluded (--mask: the same; the API's mask= is "
+        "True = used)",
+    )
     smp.add_argument("--mask-radius", type=float, help="use pixels within R arcsec of the centre")
     smp.add_argument("--mass", default="sie+shear", help="mass profiles, '+'-joined")
     smp.add_argument("--lens-light", default="mge", help="lens light profiles, or none")

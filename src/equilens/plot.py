@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float
 
+from ._files import atomic_path
 from ._grid import Grid
 from ._lens_system import LensSystem
 from .data import Imaging
@@ -132,7 +133,8 @@ def plot_fit(system: LensSystem, imaging: Imaging, path: str | os.PathLike, titl
         ax.set_ylabel("y [arcsec]")
     if title:
         fig.suptitle(title)
-    fig.savefig(path, dpi=90)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=90)
     plt.close(fig)
     return str(path)
 
@@ -241,6 +243,7 @@ def plot_reconstruction(
         ax.set_ylabel("y [arcsec]")
     if title:
         fig.suptitle(title)
-    fig.savefig(path, dpi=90)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=90)
     plt.close(fig)
     return str(path)

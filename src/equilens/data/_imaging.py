@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
+from .._checks import warn_if_float32
 from .._grid import Grid
 from ..psf import AbstractPSF, FFTConvolution, PixelPSF
 
@@ -33,6 +34,16 @@ def _load_fits(path: str | os.PathLike, hdu: int = 0, what: str = "image") -> np
         return np.asarray(data, dtype=np.float64)
 
 
+def _at_least(lo: int, hi: int, size: int, n: int) -> tuple[int, int]:
+    """The range `[lo, hi)` grown about its middle to `size` (at most `n`) inside `[0, n)`."""
+    grow = size - (hi - lo)
+    if grow <= 0:
+        return lo, hi
+    lo = max(lo - (grow + 1) // 2, 0)
+    hi = min(lo + size, n)
+    return max(hi - size, 0), hi
+
+
 class Imaging(eqx.Module):
     """An imaging dataset: one band of pixel data with its noise, PSF and mask.
 
@@ -50,7 +61,9 @@ class Imaging(eqx.Module):
 
     Raises `ValueError` naming the problem for: non-2-d data, a shape mismatch, NaN or
     infinite data or noise inside the mask, non-positive noise inside the mask, an empty
-    mask. Unused (masked-out) pixels with NaN are set to 0 data and unit noise.
+    mask, a PSF kernel larger than the image. Unused (masked-out) pixels are set to 0 data
+    and unit noise; `ignored_bad_pixels` counts those among them that were bad (NaN or
+    infinite data or noise, or noise <= 0: e.g. the NaN borders of a cutout).
     """
 
     data: Float[Array, "ny nx"]
@@ -59,6 +72,7 @@ class Imaging(eqx.Module):
     mask: Bool[Array, "ny nx"]
     grid: Grid
     convolution: FFTConvolution
+    ignored_bad_pixels: int = eqx.field(static=True)
 
     def __init__(
         self,
@@ -70,6 +84,7 @@ class Imaging(eqx.Module):
         supersampling: int = 1,
         origin: tuple[float, float] = (0.0, 0.0),
     ):
+        warn_if_float32()
         d = np.asarray(data, dtype=np.float64)
         n = np.asarray(noise_map, dtype=np.float64)
         if d.ndim != 2:
@@ -95,6 +110,14 @@ class Imaging(eqx.Module):
             )
         if not isinstance(psf, AbstractPSF):
             raise ValueError(f"psf must be an AbstractPSF (e.g. PixelPSF), got {type(psf)}")
+        kernel = tuple(-(-k // psf.supersampling) for k in psf.kernel().shape)
+        if kernel[0] > d.shape[0] or kernel[1] > d.shape[1]:
+            raise ValueError(
+                f"the PSF kernel ({kernel[0]}x{kernel[1]} image pixels) is larger than the "
+                f"image ({d.shape[0]}x{d.shape[1]}): crop the kernel, or give a larger cutout"
+            )
+        bad = ~(np.isfinite(d) & np.isfinite(n) & (np.where(np.isfinite(n), n, 0.0) > 0))
+        self.ignored_bad_pixels = int((bad & ~m).sum())
         d = np.where(m, d, 0.0)
         n = np.where(m, n, 1.0)
         dtype = jnp.result_type(float)
@@ -135,8 +158,9 @@ class Imaging(eqx.Module):
         origin moved so that every pixel keeps its sky position.
 
         With the default margin the fit is unchanged (light more than half a kernel away
-        from every used pixel cannot reach it through the PSF) and cheaper. Raises
-        `ValueError` for a negative margin."""
+        from every used pixel cannot reach it through the PSF) and cheaper. The sub-image is
+        never smaller than the PSF kernel (grown inside the image where the mask is
+        smaller). Raises `ValueError` for a negative margin."""
         k = self.psf.kernel().shape[0] // 2
         m = -(-k // self.psf.supersampling) if margin is None else int(margin)
         if m < 0:
@@ -144,8 +168,11 @@ class Imaging(eqx.Module):
         mask = np.asarray(self.mask)
         rows, cols = np.nonzero(mask)
         ny, nx = mask.shape
-        r0, r1 = max(rows.min() - m, 0), min(rows.max() + m + 1, ny)
-        c0, c1 = max(cols.min() - m, 0), min(cols.max() + m + 1, nx)
+        r0, r1 = int(max(rows.min() - m, 0)), int(min(rows.max() + m + 1, ny))
+        c0, c1 = int(max(cols.min() - m, 0)), int(min(cols.max() + m + 1, nx))
+        ky, kx = (-(-k // self.psf.supersampling) for k in self.psf.kernel().shape)
+        r0, r1 = _at_least(r0, r1, ky, ny)
+        c0, c1 = _at_least(c0, c1, kx, nx)
         ps = self.grid.pixel_scale
         ox = self.grid.origin[0] + ((c0 + c1 - 1) / 2 - (nx - 1) / 2) * ps
         oy = self.grid.origin[1] + ((r0 + r1 - 1) / 2 - (ny - 1) / 2) * ps
@@ -170,12 +197,16 @@ class Imaging(eqx.Module):
         mask: Bool[ArrayLike, "ny nx"] | None = None,
         supersampling: int = 1,
         hdu: int = 0,
+        mask_radius: float | None = None,
     ) -> "Imaging":
         """Loads an image, its noise map and PSF kernel from FITS files (astropy).
 
         `exclude_mask` is an optional FITS file whose non-zero pixels are excluded; it is
-        combined with `mask` (True = used). The PSF kernel is normalised to sum 1. Each
-        path may name its extension, `file.fits[NAME]` or `file.fits[N]` (else `hdu`).
+        combined with `mask` (True = used) and with `mask_radius` (arcsec: only pixels whose
+        centre lies within it of the image centre are used). Bad pixels outside the
+        combined mask (a cutout's NaN border) are ignored and counted in
+        `ignored_bad_pixels`. The PSF kernel is normalised to sum 1. Each path may name its
+        extension, `file.fits[NAME]` or `file.fits[N]` (else `hdu`).
         """
         d = _load_fits(image, hdu, "image")
         n = _load_fits(noise_map, hdu, "noise map")
@@ -186,4 +217,8 @@ class Imaging(eqx.Module):
             if ex.shape != d.shape:
                 raise ValueError(f"mask shape {ex.shape} does not match image shape {d.shape}")
             m = m & (ex == 0)
+        if mask_radius is not None:
+            if not mask_radius > 0:
+                raise ValueError(f"mask_radius must be > 0 arcsec, got {mask_radius}")
+            m = m & Grid(d.shape, pixel_scale).circular_mask(mask_radius)
         return cls(d, n, PixelPSF(k), pixel_scale, mask=m, supersampling=supersampling)

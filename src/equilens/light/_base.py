@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._checks import Domain, check_fields
 from .._custom_types import GridArray
 
 
@@ -26,6 +27,14 @@ class AbstractLightProfile(eqx.Module):
     #: Fields `equilens.fit` holds fixed unless `free=` says otherwise (e.g. a shear's
     #: expansion point, degenerate with the source position).
     fixed: ClassVar[tuple[str, ...]] = ()
+    #: Where each parameter is defined, `{field: Domain}` (outside it the formulas give NaN
+    #: or nonsense; wider than `bounds`). Checked when a profile is built, with the other
+    #: floating fields required finite and an `(e1, e2)` inside the unit disk
+    #: (`equilens._checks.check_fields`: a ValueError, or `eqx.error_if` under `jit`).
+    domain: ClassVar[dict[str, Domain]] = {}
+
+    def __check_init__(self):
+        check_fields(self, self.domain)
 
     @abc.abstractmethod
     def intensity(self, x: GridArray, y: GridArray) -> GridArray:

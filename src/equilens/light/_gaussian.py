@@ -7,6 +7,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
+from .._checks import POSITIVE, Domain
 from .._custom_types import FloatScalar, GridArray, as_float
 from .._math import elliptical_radius_sq
 from ._base import AbstractLinearLightProfile
@@ -27,6 +28,8 @@ class Gaussian(AbstractLinearLightProfile):
         "e1": (-0.6, 0.6),
         "e2": (-0.6, 0.6),
     }
+
+    domain: ClassVar[dict[str, Domain]] = {"sigma": POSITIVE}
 
     amp: FloatScalar = eqx.field(converter=as_float)
     sigma: FloatScalar = eqx.field(converter=as_float)
@@ -63,6 +66,8 @@ class MGE(AbstractLinearLightProfile):
         "e1": (-0.6, 0.6),
         "e2": (-0.6, 0.6),
     }
+
+    domain: ClassVar[dict[str, Domain]] = {"sigma": POSITIVE}
 
     amp: Float[Array, " n_basis"] = eqx.field(converter=_as_float_vector)
     sigma: Float[Array, " n_basis"] = eqx.field(converter=_as_float_vector)

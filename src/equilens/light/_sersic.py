@@ -4,9 +4,11 @@ import math
 from typing import ClassVar
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from .._checks import POSITIVE, Domain
 from .._custom_types import FloatScalar, GridArray, as_float
 from .._math import elliptical_radius_sq, fast_log
 from ._base import AbstractLinearLightProfile
@@ -20,6 +22,11 @@ def sersic_b_n(n_sersic: FloatScalar) -> FloatScalar:
     """`b_n = 1.9992 n - 0.3271` (Capaccioli 1989), as lenstronomy: with it `R_sersic` is the
     half-light radius to better than 0.1% for 0.5 <= n <= 10."""
     return jnp.maximum(1.9992 * n_sersic - 0.3271, 1e-5)
+
+
+#: The Sersic indices the profiles accept: `b_n` is positive only for n > 0.164, and from
+#: n = 0.2 down the profile is a flat disc whose `R_sersic` no longer halves the light.
+N_SERSIC = Domain(0.2, math.inf)
 
 
 class Sersic(AbstractLinearLightProfile):
@@ -40,6 +47,8 @@ class Sersic(AbstractLinearLightProfile):
         "e1": (-0.6, 0.6),
         "e2": (-0.6, 0.6),
     }
+
+    domain: ClassVar[dict[str, Domain]] = {"R_sersic": POSITIVE, "n_sersic": N_SERSIC}
 
     amp: FloatScalar = eqx.field(converter=as_float)
     R_sersic: FloatScalar = eqx.field(converter=as_float)
@@ -83,6 +92,16 @@ class CoreSersic(AbstractLinearLightProfile):
         "e2": (-0.6, 0.6),
     }
 
+    domain: ClassVar[dict[str, Domain]] = {
+        "R_sersic": POSITIVE,
+        "Rb": POSITIVE,
+        "n_sersic": N_SERSIC,
+        # the light inside Rb (~ R^-gamma) integrable; the core's factor grows as
+        # 2^(gamma / alpha), so a transition sharper than alpha = 0.1 is not a profile
+        "gamma": Domain(-math.inf, 2.0, upper_open=True),
+        "alpha": Domain(0.1, math.inf),
+    }
+
     amp: FloatScalar = eqx.field(converter=as_float)
     R_sersic: FloatScalar = eqx.field(converter=as_float)
     Rb: FloatScalar = eqx.field(converter=as_float)
@@ -99,8 +118,8 @@ class CoreSersic(AbstractLinearLightProfile):
         log_r = 0.5 * jnp.log(jnp.maximum(r2, _R_MIN * _R_MIN))
         log_rb, log_re = jnp.log(self.Rb), jnp.log(self.R_sersic)
         a, n = self.alpha, self.n_sersic
-        r_a = jnp.exp(a * log_r)
-        rb_a = jnp.exp(a * log_rb)
-        core = jnp.exp(self.gamma / a * jnp.log1p(jnp.exp(a * (log_rb - log_r))))
-        outer = jnp.exp(jnp.log((r_a + rb_a) / jnp.exp(a * log_re)) / (a * n))
+        # in logarithms throughout (softplus, logaddexp): finite for any sharpness `alpha`
+        # and any ratio Rb / R, where the powers themselves would overflow
+        core = jnp.exp(self.gamma / a * jax.nn.softplus(a * (log_rb - log_r)))
+        outer = jnp.exp((jnp.logaddexp(a * log_r, a * log_rb) - a * log_re) / (a * n))
         return (core * jnp.exp(-sersic_b_n(n) * (outer - 1)))[None]

@@ -7,6 +7,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
+from .._checks import POSITIVE, Domain
 from .._custom_types import FloatScalar, GridArray, as_float
 from ._base import AbstractLinearLightProfile
 
@@ -45,6 +46,8 @@ class Shapelets(AbstractLinearLightProfile):
     """
 
     bounds: ClassVar[dict[str, tuple[float, float]]] = {"beta": (0.0, math.inf)}
+
+    domain: ClassVar[dict[str, Domain]] = {"beta": POSITIVE}
 
     amp: Float[Array, " n_basis"] = eqx.field(converter=_as_float_vector)
     n_max: int = eqx.field(static=True)

@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._checks import Domain, check_fields
 from .._custom_types import GridArray
 
 Deflection = tuple[GridArray, GridArray]
@@ -32,6 +33,14 @@ class AbstractMassProfile(eqx.Module):
     #: Fields `equilens.fit` holds fixed unless `free=` says otherwise (e.g. a shear's
     #: expansion point, degenerate with the source position).
     fixed: ClassVar[tuple[str, ...]] = ()
+    #: Where each parameter is defined, `{field: Domain}` (outside it the formulas give NaN
+    #: or nonsense; wider than `bounds`). Checked when a profile is built, with the other
+    #: floating fields required finite and an `(e1, e2)` inside the unit disk
+    #: (`equilens._checks.check_fields`: a ValueError, or `eqx.error_if` under `jit`).
+    domain: ClassVar[dict[str, Domain]] = {}
+
+    def __check_init__(self):
+        check_fields(self, self.domain)
 
     @abc.abstractmethod
     def deflection(self, x: GridArray, y: GridArray) -> Deflection:

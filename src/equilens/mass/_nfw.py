@@ -20,6 +20,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import NON_NEGATIVE, POSITIVE, Domain
 from .._custom_types import FloatScalar, GridArray, as_float
 from .._math import atanh_ratio, rotate, smooth_in_ellipticity, unrotate
 from ._base import AbstractMassProfile, Deflection
@@ -70,6 +71,8 @@ class NFW(AbstractMassProfile):
         "Rs": (0.0, math.inf),
         "alpha_Rs": (0.0, math.inf),
     }
+
+    domain: ClassVar[dict[str, Domain]] = {"Rs": POSITIVE, "alpha_Rs": NON_NEGATIVE}
 
     Rs: FloatScalar = eqx.field(converter=as_float)
     alpha_Rs: FloatScalar = eqx.field(converter=as_float)
@@ -212,6 +215,8 @@ class EllipticalNFW(AbstractMassProfile):
         "e1": (-0.6, 0.6),
         "e2": (-0.6, 0.6),
     }
+
+    domain: ClassVar[dict[str, Domain]] = {"Rs": POSITIVE, "alpha_Rs": NON_NEGATIVE}
 
     Rs: FloatScalar = eqx.field(converter=as_float)
     alpha_Rs: FloatScalar = eqx.field(converter=as_float)

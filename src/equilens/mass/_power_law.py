@@ -13,6 +13,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._checks import NON_NEGATIVE, Domain
 from .._custom_types import FloatScalar, GridArray, as_float
 from .._math import (
     elliptical_radius_sq,
@@ -36,6 +37,8 @@ class SIS(AbstractMassProfile):
     """
 
     bounds: ClassVar[dict[str, tuple[float, float]]] = {"theta_E": (0.0, math.inf)}
+
+    domain: ClassVar[dict[str, Domain]] = {"theta_E": NON_NEGATIVE}
 
     theta_E: FloatScalar = eqx.field(converter=as_float)
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
@@ -75,6 +78,8 @@ class SIE(AbstractMassProfile):
         "e1": (-0.6, 0.6),
         "e2": (-0.6, 0.6),
     }
+
+    domain: ClassVar[dict[str, Domain]] = {"theta_E": NON_NEGATIVE}
 
     theta_E: FloatScalar = eqx.field(converter=as_float)
     e1: FloatScalar = eqx.field(converter=as_float, default=0.0)
@@ -213,6 +218,11 @@ class EPL(AbstractMassProfile):
         "gamma": (1.1, 2.9),
         "e1": (-0.6, 0.6),
         "e2": (-0.6, 0.6),
+    }
+
+    domain: ClassVar[dict[str, Domain]] = {
+        "theta_E": NON_NEGATIVE,
+        "gamma": Domain(1.0, 3.0, True, True),
     }
 
     theta_E: FloatScalar = eqx.field(converter=as_float)

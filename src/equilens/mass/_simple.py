@@ -6,6 +6,7 @@ from typing import ClassVar
 import equinox as eqx
 import jax.numpy as jnp
 
+from .._checks import NON_NEGATIVE, POSITIVE, Domain
 from .._custom_types import FloatScalar, GridArray, as_float
 from .._math import inv_sqrt_or_zero, safe_sqrt
 from ._base import AbstractMassProfile, Deflection, Hessian
@@ -20,6 +21,8 @@ class PointMass(AbstractMassProfile):
     """
 
     bounds: ClassVar[dict[str, tuple[float, float]]] = {"theta_E": (0.0, math.inf)}
+
+    domain: ClassVar[dict[str, Domain]] = {"theta_E": NON_NEGATIVE}
 
     theta_E: FloatScalar = eqx.field(converter=as_float)
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
@@ -116,6 +119,8 @@ class Multipole(AbstractMassProfile):
     fixed: ClassVar[tuple[str, ...]] = ("r_E",)
 
     bounds: ClassVar[dict[str, tuple[float, float]]] = {"r_E": (0.0, math.inf)}
+
+    domain: ClassVar[dict[str, Domain]] = {"r_E": POSITIVE}
 
     m: int = eqx.field(static=True)
     a_m: FloatScalar = eqx.field(converter=as_float)

@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 from jaxtyping import Array, Float, Int, Scalar
 
 from .._callback import host_callback
@@ -129,13 +130,14 @@ def topology_logdet(
 
 
 def _check_positive(name: str, value: ScalarLike) -> FloatScalar:
+    """`value` as a float scalar, checked: > 0 (a ValueError; under `jit`, `eqx.error_if`)."""
     v = as_float(value)
-    try:
-        concrete = float(v)
-    except jax.errors.ConcretizationTypeError:  # built under a transformation: bounds hold it
-        return v
-    if not concrete > 0:
-        raise ValueError(f"{name} must be > 0, got {concrete}")
+    if v.ndim != 0:
+        raise ValueError(f"{name} must be a scalar, got shape {v.shape}")
+    if isinstance(v, Tracer):  # built under a transformation: checked at run time
+        return eqx.error_if(v, ~(v > 0), f"{name} must be > 0")
+    if not float(v) > 0:
+        raise ValueError(f"{name} must be > 0, got {float(v)}")
     return v
 
 
@@ -226,9 +228,13 @@ class AdaptiveBrightness(AbstractRegularization):
         outer_coefficient: ScalarLike = 1.0,
         signal_scale: ScalarLike = 1.0,
     ):
-        self.inner_coefficient = _check_positive("inner_coefficient", inner_coefficient)
-        self.outer_coefficient = _check_positive("outer_coefficient", outer_coefficient)
-        self.signal_scale = _check_positive("signal_scale", signal_scale)
+        self.inner_coefficient = _check_positive(
+            "AdaptiveBrightness.inner_coefficient", inner_coefficient
+        )
+        self.outer_coefficient = _check_positive(
+            "AdaptiveBrightness.outer_coefficient", outer_coefficient
+        )
+        self.signal_scale = _check_positive("AdaptiveBrightness.signal_scale", signal_scale)
 
     def _entries(self, geometry: AbstractGeometry, signal: Float[Array, " n"]) -> SparseSymmetric:
         w = brightness_weights(

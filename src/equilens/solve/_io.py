@@ -10,6 +10,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import PyTree
 
+from .._files import atomic_path
 from .._lens_system import LensSystem
 from .._multiband import MultiBandLensSystem
 from ..light import AbstractLightProfile, LightSum
@@ -156,5 +157,5 @@ def write_json(
     indented JSON."""
     out = result_to_dict(result, band_names)
     out.update(extra)
-    with open(path, "w") as f:
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
         json.dump(out, f, indent=2, allow_nan=True)
