@@ -34,6 +34,12 @@ def _load_fits(path: str | os.PathLike, hdu: int = 0, what: str = "image") -> np
         return np.asarray(data, dtype=np.float64)
 
 
+def _kernel_pixels(psf: AbstractPSF) -> tuple[int, int]:
+    """The PSF kernel's size in image pixels (a supersampled kernel's, rounded up)."""
+    ky, kx = psf.kernel().shape
+    return -(-ky // psf.supersampling), -(-kx // psf.supersampling)
+
+
 def _at_least(lo: int, hi: int, size: int, n: int) -> tuple[int, int]:
     """The range `[lo, hi)` grown about its middle to `size` (at most `n`) inside `[0, n)`."""
     grow = size - (hi - lo)
@@ -110,7 +116,7 @@ class Imaging(eqx.Module):
             )
         if not isinstance(psf, AbstractPSF):
             raise ValueError(f"psf must be an AbstractPSF (e.g. PixelPSF), got {type(psf)}")
-        kernel = tuple(-(-k // psf.supersampling) for k in psf.kernel().shape)
+        kernel = _kernel_pixels(psf)
         if kernel[0] > d.shape[0] or kernel[1] > d.shape[1]:
             raise ValueError(
                 f"the PSF kernel ({kernel[0]}x{kernel[1]} image pixels) is larger than the "
@@ -170,7 +176,7 @@ class Imaging(eqx.Module):
         ny, nx = mask.shape
         r0, r1 = int(max(rows.min() - m, 0)), int(min(rows.max() + m + 1, ny))
         c0, c1 = int(max(cols.min() - m, 0)), int(min(cols.max() + m + 1, nx))
-        ky, kx = (-(-k // self.psf.supersampling) for k in self.psf.kernel().shape)
+        ky, kx = _kernel_pixels(self.psf)
         r0, r1 = _at_least(r0, r1, ky, ny)
         c0, c1 = _at_least(c0, c1, kx, nx)
         ps = self.grid.pixel_scale
