@@ -93,12 +93,10 @@ def _pytest(session: nox.Session, marker: str, python: str, precision: str) -> N
     # (the fast suite compiles at XLA's optimisation level 0: see tests/conftest.py)
     env["EQUILENS_TEST_FAST_COMPILE"] = "0" if marker == "slow" else "1"
     if marker != "slow":
-        # The slow session compiles without the persistent cache: twice (2026-11-26 and
-        # -27) an xdist worker of that session died of a segmentation fault inside JAX's
-        # cache path (compiling for it, then serialising an executable for it:
-        # compilation_cache.put_executable_and_time), in tests/test_snippets.py, whose
-        # tests and test_examples' compile the same large fits in both workers at once.
-        # The fast sessions' small programs (most under the 1 s threshold) keep it.
+        # The slow session compiles without the persistent cache: its large fits are
+        # compiled once per run anyway (the cache would only help reruns, and it would
+        # hold gigabytes). (Its workers' crashes of 2026-11-26/27, first blamed on the
+        # cache, were the limit of memory mappings: tests/conftest.py.)
         env |= _jax_cache(python, precision)
     # the lenstronomy comparisons run in the crosscheck session, which installs lenstronomy
     session.run(

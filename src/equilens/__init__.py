@@ -26,6 +26,7 @@ from ._math import (
     q_phi_from_ellipticity as q_phi_from_ellipticity,
 )
 from ._multiband import MultiBandLensSystem as MultiBandLensSystem
+from ._resources import ResourceLimitWarning as ResourceLimitWarning
 from ._sharding import device_mesh as device_mesh, shard as shard
 from .data import Imaging as Imaging, MultiBandImaging as MultiBandImaging, simulate as simulate
 from .objective import Objective as Objective, select as select

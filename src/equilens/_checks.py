@@ -51,14 +51,14 @@ POSITIVE = Domain(0.0, math.inf, lower_open=True)
 NON_NEGATIVE = Domain(0.0, math.inf)
 
 
-def _is_traced(value: Any) -> bool:
+def is_traced(value: Any) -> bool:
     return isinstance(value, Tracer)
 
 
 def _enforce(module: Any, field: str, ok: Any, message: str, shown: Any) -> None:
     """Raises `ValueError(message, got shown)` when a concrete `ok` is not all true; when
     `ok` is traced, puts an `eqx.error_if` on the field (the same words at run time)."""
-    if _is_traced(ok):
+    if is_traced(ok):
         # equinox sets converted fields the same way, while the module is being built
         checked = eqx.error_if(getattr(module, field), ~jnp.all(ok), message)
         object.__setattr__(module, field, checked)
@@ -85,12 +85,12 @@ def check_fields(module: Any, domain: Mapping[str, Domain]) -> None:
                 "of one class at once: equilens.mass.MassBatch.stack)"
             )
         allowed = domain.get(f.name, Domain())
-        v = value if _is_traced(value) else np.asarray(value)
-        ok = allowed.contains(v) & (jnp.isfinite(v) if _is_traced(v) else np.isfinite(v))
+        v = value if is_traced(value) else np.asarray(value)
+        ok = allowed.contains(v) & (jnp.isfinite(v) if is_traced(v) else np.isfinite(v))
         _enforce(module, f.name, ok, f"{name}.{f.name} must be finite and in {allowed}", v)
     if "e1" in fields and "e2" in fields:
         e1, e2 = module.e1, module.e2
-        traced = _is_traced(e1) or _is_traced(e2)
+        traced = is_traced(e1) or is_traced(e2)
         e2sum = e1 * e1 + e2 * e2 if traced else np.asarray(e1) ** 2 + np.asarray(e2) ** 2
         message = (
             f"{name}: the ellipticity e = sqrt(e1^2 + e2^2) must be < 1 (axis ratio "

@@ -19,6 +19,8 @@ import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import Array, Float, PyTree
 
+from .._checks import is_traced
+
 Bounds = tuple[float, float]
 Where = Callable[[PyTree[Any]], Any]
 
@@ -215,7 +217,9 @@ class Parametrisation(eqx.Module):
         A value exactly at a bound is accepted: `to_raw` starts it `AT_BOUND_START` inside."""
         leaves = jtu.tree_leaves(model)
         for leaf, f, b, path in zip(leaves, self.free, self.bounds, self.leaf_paths, strict=True):
-            if not f or b is None:
+            if not f or b is None or is_traced(leaf):
+                # (a traced start, inside a transformation, cannot be read: to_raw moves it
+                # inside its bounds)
                 continue
             v = np.asarray(leaf)
             if not np.isfinite(v).all():

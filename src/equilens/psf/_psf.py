@@ -150,8 +150,15 @@ class PixelPSF(AbstractPSF):
             raise ValueError(f"PSF kernel must have a positive sum, got {total}")
         if not isinstance(supersampling, int) or supersampling < 1:
             raise ValueError(f"PSF supersampling must be a positive integer, got {supersampling}")
-        arr = _as_kernel(kernel)
-        self.kernel_array = arr / arr.sum()
+        # normalised in float64 first: a sum of subnormal numbers flushes to zero on a
+        # device (0 / 0 would give a NaN kernel)
+        arr = _as_kernel(k.astype(np.float64) / total)
+        arr = arr / arr.sum()
+        if not bool(jnp.all(jnp.isfinite(arr))):
+            raise ValueError(
+                f"PSF kernel cannot be normalised in {arr.dtype} (sum {total}): rescale it"
+            )
+        self.kernel_array = arr
         self.supersampling = supersampling
 
     def kernel(self) -> Float[Array, "ky kx"]:

@@ -17,6 +17,8 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
+from .._checks import is_traced
+from .._resources import check_memory_maps
 from .._sharding import check_mesh, lapack_batches_deadlock, replicate, shard, split_grids
 from ..objective import Objective, Parametrisation
 from ..objective._objective import least_squares_term
@@ -84,6 +86,10 @@ def _resolve(
     )
 
 
+#: `fit`'s default adjoint: gradients through a fit by the implicit function theorem.
+IMPLICIT = optx.ImplicitAdjoint()
+
+
 # -- progress: a host callback every few steps -------------------------------------------------
 
 _BARS: dict[int, Any] = {}
@@ -110,89 +116,120 @@ def _where(pred, a, b) -> RESULTS:
     return RESULTS.where(pred, a, b)  # pyright: ignore[reportArgumentType]
 
 
-def _all_finite(tree) -> Array:
-    leaves = jtu.tree_leaves(tree)
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+# -- the solvers: optimistix's entry points, with the fit's own guards ----------------------
 
 
-# -- the on-device loops --------------------------------------------------------------------
-
-
-def _optimistix_loop(solver, fn, raw0, args, max_steps, progress):
-    f_struct, aux_struct = jax.eval_shape(fn, raw0, args)
-    tags = frozenset()
-    state = solver.init(fn, raw0, args, {}, f_struct, aux_struct, tags)
-    dyn0, static = eqx.partition(state, eqx.is_array)
-    res0 = RESULTS.successful
-
-    def cond(carry):
-        _, k, _, done, res, _ = carry
-        return jnp.invert(done) & (res == RESULTS.successful) & (k < max_steps)
-
-    def body(carry):
-        y, k, dyn, _, _, still = carry
-        st = eqx.combine(dyn, static)
-        new_y, st, _ = solver.step(fn, y, args, {}, st, tags)
-        done, res = solver.terminate(fn, new_y, args, {}, st, tags)
-        res = _where(_all_finite(new_y), RESULTS.promote(res), RESULTS.nonfinite)
-        # A step the solver rejects leaves y unchanged. _STALL rejections in a row mean no
-        # decrease can be found at this floating-point precision (in float32 the
-        # trust region can shrink forever): that is a converged fit.
-        same = jnp.all(
-            jnp.stack(
-                [
-                    jnp.all(a == b)
-                    for a, b in zip(jtu.tree_leaves(new_y), jtu.tree_leaves(y), strict=True)
-                ]
-            )
-        )
-        still = jnp.where(same, still + 1, 0)
-        done = done | (still >= _STALL)
-        _report(progress, k + 1)
-        return new_y, k + 1, eqx.partition(st, eqx.is_array)[0], done, res, still
-
-    carry = (raw0, jnp.array(0), dyn0, jnp.array(False), res0, jnp.array(0))
-    y, k, _, done, res, _ = jax.lax.while_loop(cond, body, carry)
-    res = _where(
-        (res == RESULTS.successful) & jnp.invert(done), RESULTS.nonlinear_max_steps_reached, res
-    )
-    return y, k, res
+class _WatchState(eqx.Module):
+    inner: Any
+    steps: Array
+    still: Array
 
 
 _STALL = 20
 _PATIENCE = 10
 
 
-def _optax_loop(opt, f, raw0, max_steps, rtol, atol, progress):
-    value_and_grad = jax.value_and_grad(f)
+class _Watched(eqx.Module):
+    """Wraps a solver for `optx.minimise` / `optx.least_squares`: counts steps against
+    `max_steps` (an array, so another value reuses the compiled fit), reports them to the
+    progress bar, and stops after `_STALL` rejected steps in a row (a rejected step leaves
+    `y` unchanged: no decrease can be found at this floating-point precision; in float32 a
+    trust region can shrink forever): a converged fit. Everything else, `postprocess`
+    included (`optx.BestSoFarMinimiser` returns its best point), is the wrapped solver's."""
 
-    def cond(carry):
-        _, k, _, _, calm, res = carry
-        return (calm < _PATIENCE) & (res == RESULTS.successful) & (k < max_steps)
+    solver: Any
+    max_steps: Array
+    progress: "_Progress"
 
-    def body(carry):
-        y, k, st, f_prev, calm, _ = carry
-        v, g = value_and_grad(y)
+    @property
+    def rtol(self):
+        return self.solver.rtol
+
+    @property
+    def atol(self):
+        return self.solver.atol
+
+    @property
+    def norm(self):
+        return self.solver.norm
+
+    def init(self, fn, y, args, options, f_struct, aux_struct, tags):
+        inner = self.solver.init(fn, y, args, options, f_struct, aux_struct, tags)
+        return _WatchState(inner, jnp.array(0), jnp.array(0))
+
+    def step(self, fn, y, args, options, state, tags):
+        new_y, inner, aux = self.solver.step(fn, y, args, options, state.inner, tags)
+        pairs = zip(jtu.tree_leaves(new_y), jtu.tree_leaves(y), strict=True)
+        same = jnp.all(jnp.stack([jnp.all(a == b) for a, b in pairs]))
+        steps = state.steps + 1
+        _report(self.progress, steps)
+        return new_y, _WatchState(inner, steps, jnp.where(same, state.still + 1, 0)), aux
+
+    def terminate(self, fn, y, args, options, state, tags):
+        done, res = self.solver.terminate(fn, y, args, options, state.inner, tags)
+        done = done | (state.still >= _STALL)
+        out = state.steps >= self.max_steps
+        late = out & jnp.invert(done) & (res == optx.RESULTS.successful)
+        return done | out, optx.RESULTS.where(late, optx.RESULTS.nonlinear_max_steps_reached, res)
+
+    def postprocess(self, fn, y, aux, args, options, state, tags, result):
+        return self.solver.postprocess(fn, y, aux, args, options, state.inner, tags, result)
+
+
+class _WatchedMinimiser(_Watched, optx.AbstractMinimiser):  # pyright: ignore[reportIncompatibleVariableOverride]
+    pass
+
+
+class _WatchedLeastSquares(_Watched, optx.AbstractLeastSquaresSolver):  # pyright: ignore[reportIncompatibleVariableOverride]
+    pass
+
+
+class _OptaxState(eqx.Module):
+    opt_state: Any
+    f_prev: Array
+    calm: Array
+    finite: Array
+
+
+class _OptaxMinimiser(optx.AbstractMinimiser):
+    """An optax transformation as an optimistix minimiser, with the fit's stopping rule:
+    the value changes by less than `atol + rtol |f|` for `_PATIENCE` steps in a row. The
+    transformation gets optax's extra arguments (`value`, `grad`, `value_fn`), which the
+    line searches of `optax.lbfgs` need."""
+
+    optim: optax.GradientTransformationExtraArgs
+    rtol: Array
+    atol: Array
+    norm: Callable = optx.max_norm
+
+    def init(self, fn, y, args, options, f_struct, aux_struct, tags):
         # optax mixes integer step counts with floats: standard promotion for its internals
         with jax.numpy_dtype_promotion("standard"):
-            updates, st = opt.update(g, st, y, value=v, grad=g, value_fn=f)
-        y = optax.apply_updates(y, updates)
-        small = jnp.abs(v - f_prev) <= atol + rtol * jnp.abs(v)
-        calm = jnp.where(small, calm + 1, 0)
-        ok = _all_finite(y) & jnp.isfinite(v)
-        res = _where(ok, RESULTS.successful, RESULTS.nonfinite)
-        _report(progress, k + 1)
-        return y, k + 1, st, v, calm, res
+            opt_state = self.optim.init(y)
+        inf = jnp.array(jnp.inf, dtype=f_struct.dtype)
+        return _OptaxState(opt_state, inf, jnp.array(0), jnp.array(True))
 
-    inf = jnp.array(jnp.inf, dtype=jnp.result_type(*jtu.tree_leaves(raw0)))
-    with jax.numpy_dtype_promotion("standard"):
-        state0 = opt.init(raw0)
-    carry = (raw0, jnp.array(0), state0, inf, jnp.array(0), RESULTS.successful)
-    y, k, _, _, calm, res = jax.lax.while_loop(cond, body, carry)
-    res = _where(
-        (res == RESULTS.successful) & (calm < _PATIENCE), RESULTS.nonlinear_max_steps_reached, res
-    )
-    return y, k, res
+    def step(self, fn, y, args, options, state, tags):
+        (f, aux), grad = jax.value_and_grad(fn, has_aux=True)(y, args)
+
+        def value_fn(z):
+            return fn(z, args)[0]
+
+        with jax.numpy_dtype_promotion("standard"):
+            updates, opt_state = self.optim.update(
+                grad, state.opt_state, y, value=f, grad=grad, value_fn=value_fn
+            )
+        new_y = optax.apply_updates(y, updates)
+        small = jnp.abs(f - state.f_prev) <= self.atol + self.rtol * jnp.abs(f)
+        calm = jnp.where(small, state.calm + 1, 0)
+        return new_y, _OptaxState(opt_state, f, calm, jnp.isfinite(f)), aux
+
+    def terminate(self, fn, y, args, options, state, tags):
+        res = optx.RESULTS.where(state.finite, optx.RESULTS.successful, optx.RESULTS.nonfinite)
+        return state.calm >= _PATIENCE, res
+
+    def postprocess(self, fn, y, aux, args, options, state, tags, result):
+        return y, aux, {}
 
 
 def _covariance(objective: Objective, param: Parametrisation, model, least_squares: bool):
@@ -222,16 +259,17 @@ def _covariance(objective: Objective, param: Parametrisation, model, least_squar
 
 @eqx.filter_jit
 @eqx.debug.assert_max_traces(max_traces=None)
-def _fit_core(kind, solver, objective, param, template, raw0, limits, progress):
+def _fit_core(kind, solver, objective, param, template, raw0, limits, progress, how):
     # `limits` (max_steps, rtol, atol) and the progress bar's period and id are arrays:
-    # changing them does not compile the fit again
+    # changing them does not compile the fit again. `how`: optimistix's `adjoint` and
+    # `options`, and whether to compute the covariance.
+    adjoint, options, covariance, static_steps = how
     max_steps, rtol, atol = limits
-    flat0, unravel = ravel_pytree(raw0)
+    z0, unravel = ravel_pytree(raw0)
 
-    def model_at(z, tmpl=template):
+    def model_at(z, tmpl):
         return param.to_model(unravel(z), tmpl)
 
-    z0 = flat0
     # Minimisers see (objective - reference) / n_data: the same minimum, with a gradient and
     # a value of order one (0.5 reduced chi2 for Gaussian data), which suits their unit
     # initial Hessian and their relative stopping rules. The reference is the normalisation
@@ -240,30 +278,57 @@ def _fit_core(kind, solver, objective, param, template, raw0, limits, progress):
     if objective.least_squares:
         ref = objective.constant()
     else:
-        ref = jax.lax.stop_gradient(objective(model_at(z0)))
+        ref = jax.lax.stop_gradient(objective(model_at(z0, template)))
+
+    def residuals(z, args):
+        obj, tmpl, _ = args
+        return obj.residuals(model_at(z, tmpl))
+
+    def value(z, args):
+        obj, tmpl, r = args
+        return (obj(model_at(z, tmpl)) - r) / n_scale
+
     if kind == "optax":
-
-        def f(z):
-            return (objective(model_at(z)) - ref) / n_scale
-
-        z, steps, res = _optax_loop(solver, f, z0, max_steps, rtol, atol, progress)
+        solver = _OptaxMinimiser(optim=solver, rtol=rtol, atol=atol)
+    # optimistix's own step limit is static (another value would compile the fit again),
+    # so `_Watched` counts the steps; only a checkpointed adjoint needs the static one
+    args = (objective, template, ref)
+    # (pyright takes the solvers' abstract rtol/atol/norm for fields: `_Watched` gives
+    # them as properties, as optimistix's own wrappers do)
+    if kind == "least_squares":
+        sol = optx.least_squares(
+            residuals,
+            _WatchedLeastSquares(solver=solver, max_steps=max_steps, progress=progress),  # pyright: ignore[reportCallIssue]
+            z0,
+            args,
+            options,
+            max_steps=static_steps,
+            adjoint=adjoint,
+            throw=False,
+        )
     else:
-
-        def fn(z, args):
-            obj, tmpl = args
-            if kind == "least_squares":
-                return obj.residuals(model_at(z, tmpl)), None
-            return (obj(model_at(z, tmpl)) - ref) / n_scale, None
-
-        z, steps, res = _optimistix_loop(solver, fn, z0, (objective, template), max_steps, progress)
-    best = objective.complete(model_at(z))
+        sol = optx.minimise(
+            value,
+            _WatchedMinimiser(solver=solver, max_steps=max_steps, progress=progress),  # pyright: ignore[reportCallIssue]
+            z0,
+            args,
+            options,
+            max_steps=static_steps,
+            adjoint=adjoint,
+            throw=False,
+        )
+    res = RESULTS.promote(sol.result)
+    best = objective.complete(model_at(sol.value, template))
     values = objective.values(best)
-    value = jnp.sum(objective.weights * values)
+    total = jnp.sum(objective.weights * values)
     # finite parameters can still give a non-finite objective (a singular linear solve)
-    res = _where(jnp.isfinite(value), res, RESULTS.nonfinite)
-    cov, ok = _covariance(objective, param, best, objective.least_squares)
-    res = _where((res == RESULTS.successful) & jnp.invert(ok), RESULTS.covariance_failed, res)
-    return best, value, values, objective.chi2(best), steps, res, cov
+    res = _where(jnp.isfinite(total), res, RESULTS.nonfinite)
+    if covariance:
+        cov, ok = _covariance(objective, param, best, objective.least_squares)
+        res = _where((res == RESULTS.successful) & jnp.invert(ok), RESULTS.covariance_failed, res)
+    else:
+        cov = jnp.full((z0.shape[0], z0.shape[0]), jnp.nan, z0.dtype)
+    return best, total, values, objective.chi2(best), sol.stats["num_steps"], res, cov
 
 
 _Progress = tuple[bool, Array, Array]
@@ -351,6 +416,9 @@ def fit(
     atol: float | None = None,
     throw: bool = True,
     progress: bool = False,
+    covariance: bool = True,
+    adjoint: optx.AbstractAdjoint = IMPLICIT,
+    options: dict[str, Any] | None = None,
 ) -> FitResult:
     """Fits `model` by minimising `objective` over its free parameters, on device.
 
@@ -371,8 +439,25 @@ def fit(
       `atol`: tolerances of named solvers (and of the optax loop's stopping rule: the
       objective changes by less than `atol + rtol |f|` for 10 steps in a row); default
       1e-6 in float64, 1e-3 in float32.
-    - `throw`: raise if the fit fails (else read `result.result`).
+    - `throw`: raise if the fit fails (else read `result.result`): a `RuntimeError` with
+      the reason, or, when `fit` is called inside a JAX transformation, an error from the
+      device as with optimistix's `throw`.
     - `progress`: show a progress bar (tqdm) updated every few steps from the device loop.
+    - `covariance`: compute the covariance at the optimum (a Hessian or Jacobian: the
+      costliest part of a fit with few steps); False gives a NaN matrix and no
+      `RESULTS.covariance_failed` (the pipelines' intermediate stages).
+    - `adjoint`, `options`: optimistix's. The solve is `optimistix.least_squares` (for
+      least-squares solvers) or `optimistix.minimise`, so `adjoint` says how to
+      differentiate through the fit: the default `optimistix.ImplicitAdjoint()` gives the
+      gradients of the fitted model with respect to the data or any other array of the
+      objective or of the model's fixed parameters by the implicit function theorem
+      (`jax.grad` of a function that calls `fit(..., throw=False)`; the fit must have
+      converged). `options` go to the solver.
+
+    Any optimistix solver works, wrappers included: the solver's `postprocess` gives the
+    result (`optimistix.BestSoFarMinimiser(optimistix.BFGS(...))` returns the best point
+    it saw). A step the solver rejects 20 times in a row ends the fit as converged (no
+    decrease left at the working precision: float32's trust regions can shrink forever).
 
     **Returns:** a `FitResult`. A fit that converged to an implausible model (a parameter
     at a bound, a source larger than the data, an Einstein radius beyond the data or under
@@ -384,21 +469,34 @@ def fit(
     reason.
     """
     t0 = time.perf_counter()
+    check_memory_maps()
     rtol, atol = _default_tol(rtol), _default_tol(atol)
     kind, solver_obj, name, param = _prepare(
         objective, model, solver, free, bounds, max_steps, rtol, atol
     )
     raw0 = param.to_raw(model)
     limits = _limits(raw0, max_steps, rtol, atol)
-    bar_id, every = _open_bar(progress, max_steps, name)
+    how = _how(adjoint, options, covariance, max_steps)
+    traced = any(is_traced(x) for x in jtu.tree_leaves((objective, model)))
+    bar_id, every = _open_bar(progress and not traced, max_steps, name)
     try:
         out = _fit_core(
-            kind, solver_obj, objective, param, model, raw0, limits, _progress(every, bar_id)
+            kind, solver_obj, objective, param, model, raw0, limits, _progress(every, bar_id), how
         )
-        jax.block_until_ready(out)
+        if not traced:
+            jax.block_until_ready(out)
     finally:
         _close_bar(bar_id)
     result = _result(out, objective, param, model, name, t0)
+    if traced:
+        # inside a transformation: no host-side plausibility notes, and failures are
+        # raised from the device, as optimistix's `throw` does
+        if throw:
+            bad = result.result != RESULTS.successful
+            result = eqx.tree_at(
+                lambda r: r.value, result, result.result.error_if(result.value, bad)
+            )
+        return result
     from ._plausible import implausible_notes, with_plausibility
 
     result = with_plausibility(
@@ -407,6 +505,18 @@ def fit(
     if throw:
         _raise_if_failed(result)
     return result
+
+
+def _how(adjoint: Any, options: dict[str, Any] | None, covariance: bool, max_steps: int):
+    """`_fit_core`'s static choices: the adjoint, the options, whether to compute the
+    covariance, and optimistix's own step limit (None: `_Watched` counts the steps; a
+    checkpointed adjoint needs it)."""
+    if not isinstance(adjoint, optx.AbstractAdjoint):
+        raise TypeError(f"adjoint must be an optimistix adjoint, got {type(adjoint).__name__}")
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"options must be a dict, got {type(options).__name__}")
+    checkpointed = isinstance(adjoint, optx.RecursiveCheckpointAdjoint)
+    return adjoint, options, bool(covariance), int(max_steps) if checkpointed else None
 
 
 @eqx.filter_jit
@@ -599,7 +709,7 @@ def _result(out, objective: Objective, param: Parametrisation, model, name: str,
         n_data=objective.n_data,
         n_linear=_n_linear(objective, model),
         solver=name,
-        wall_time=time.perf_counter() - t0,
+        wall_time=jnp.full(jnp.shape(value), time.perf_counter() - t0),
     )
 
 
@@ -637,6 +747,7 @@ def fit_batch(
     atol: float | None = None,
     batch_size: int | None = None,
     mesh: Mesh | None = None,
+    covariance: bool = True,
 ) -> FitResult:
     """Fits a batch of starting models (array leaves with a leading batch axis, e.g. from
     `jax.tree.map(lambda *x: jnp.stack(x), *models)`) in one `vmap`-ed solve.
@@ -661,10 +772,13 @@ def fit_batch(
     jaxlib's batched LAPACK kernels deadlock when several CPU devices run them at once
     (`equilens.shard` docs); the results are the same.
 
+    `covariance=False` skips each element's covariance (as in `fit`).
+
     Returns a `FitResult` whose array fields have the leading batch axis; failures are
     reported per element in `result` (never raised).
     """
     t0 = time.perf_counter()
+    check_memory_maps()
     rtol, atol = _default_tol(rtol), _default_tol(atol)
     first = _index(models, 0)
     if objective_batched is None:
@@ -686,10 +800,11 @@ def fit_batch(
         param.check(_index(models, i))
 
     limits = _limits(_index(raw0, 0), max_steps, rtol, atol)
+    how = _how(IMPLICIT, None, covariance, max_steps)
 
     @eqx.filter_vmap(in_axes=(obj_axes, 0, 0))
     def run(obj, tmpl, r0):
-        return _fit_core(kind, solver_obj, obj, param, tmpl, r0, limits, _progress(0, -1))
+        return _fit_core(kind, solver_obj, obj, param, tmpl, r0, limits, _progress(0, -1), how)
 
     n = jtu.tree_leaves(raw0)[0].shape[0]
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):

@@ -143,7 +143,7 @@ def result_to_dict(result: FitResult, band_names: Sequence[str] | None = None) -
         "status": result.message(),
         "success": result.success,
         "notes": list(result.notes),
-        "wall_time_s": result.wall_time,
+        "wall_time_s": float(result.wall_time),
     }
 
 

@@ -142,6 +142,7 @@ def fit_lens(
             max_steps=max_steps,
             throw=False,
             progress=progress,
+            covariance=False,
         )
         say(f"  stage 1 (lens light): reduced chi2 {float(r.reduced_chi2):.3f}")
         model = r.model
@@ -322,12 +323,28 @@ def _strength_where(system: LensSystem) -> Callable[[LensSystem], Any]:
 
 
 def _evidence_fit(
-    objective: Objective, start: Any, free: Any, solver: SolverLike, max_steps: int, progress: bool
+    objective: Objective,
+    start: Any,
+    free: Any,
+    solver: SolverLike,
+    max_steps: int,
+    progress: bool,
+    covariance: bool = True,
 ) -> FitResult:
-    """One fit of an evidence objective, with the covariance made robust to its roughness."""
+    """One fit of an evidence objective, with the covariance made robust to its roughness
+    (none with `covariance=False`: an intermediate stage)."""
     r = fit(
-        objective, start, solver, free=free, max_steps=max_steps, throw=False, progress=progress
+        objective,
+        start,
+        solver,
+        free=free,
+        max_steps=max_steps,
+        throw=False,
+        progress=progress,
+        covariance=covariance,
     )
+    if not covariance:
+        return r
     # the evidence is rough on scales below the errors (traced pixels cross the mesh's
     # cells), so its autodiff Hessian can be indefinite at a minimum: the curvature of its
     # values over 1-sigma steps instead; a regularization hyperparameter the evidence does
@@ -436,8 +453,8 @@ def fit_pixelized(
             stages[-1]["positions_penalty"] = float(r.term_values[1])
         say(f"  {name}: log evidence {log_ev:.1f}, {r.message()}")
 
-    def run(objective: Objective, start: LensSystem, free: Any) -> FitResult:
-        return _evidence_fit(objective, start, free, solver, max_steps, progress)
+    def run(objective: Objective, start: LensSystem, free: Any, covariance=True) -> FitResult:
+        return _evidence_fit(objective, start, free, solver, max_steps, progress, covariance)
 
     if fit_strength:
         where = _strength_where(model)
@@ -449,7 +466,8 @@ def fit_pixelized(
         best = COEFFICIENT_GRID[int(np.nanargmin(scores))]
         model = eqx.tree_at(where, model, replace_fn=lambda _: jnp.asarray(best, dtype))
         say(f"  regularization start {best:g} (log evidence {-min(scores):.1f})")
-        r = run(Objective([term, *guard]), model, select(model, lambda s: s.source.regularization))  # pyright: ignore[reportAttributeAccessIssue]
+        regularization = select(model, lambda s: s.source.regularization)  # pyright: ignore[reportAttributeAccessIssue]
+        r = run(Objective([term, *guard]), model, regularization, covariance=False)
         record("stage 1 (regularization)", r)
         model = r.model
     free = select(model, lambda s: (s.mass, s.source.regularization) if fit_strength else s.mass)  # pyright: ignore[reportAttributeAccessIssue]
@@ -571,7 +589,9 @@ def fit_multiband_pixelized(
         return tuple(s.regularization for s in m.source)  # pyright: ignore[reportAttributeAccessIssue]
 
     if fit_strength:
-        r = _evidence_fit(objective, start, select(start, regs), solver, max_steps, progress)
+        r = _evidence_fit(
+            objective, start, select(start, regs), solver, max_steps, progress, covariance=False
+        )
         record("stage 1 (regularization)", r)
         start = r.model
     free = select(start, lambda m: (m.mass, *regs(m)) if fit_strength else m.mass)

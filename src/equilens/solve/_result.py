@@ -22,6 +22,11 @@ class RESULTS(optx.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
     )
 
 
+# optimistix's `successful` has an empty message, so a result printed as `RESULTS<>`: this
+# class's own table of messages (each enumeration has its own) says it in words
+RESULTS._index_to_message[int(RESULTS.successful._value)] = "successful"  # pyright: ignore[reportAttributeAccessIssue]
+
+
 class FitResult(eqx.Module):
     """The outcome of `equilens.fit`.
 
@@ -40,7 +45,9 @@ class FitResult(eqx.Module):
       objectives the Gauss-Newton Hessian `J^T J`), ordered as `names`. With linear
       amplitudes solved inside the objective this is the covariance marginalised over them.
     - `names`: path of every free scalar parameter, e.g. `mass.components[0].theta_E`.
-    - `solver`: the solver's name; `wall_time`: seconds (host clock, compile included).
+    - `solver`: the solver's name; `wall_time`: seconds (host clock, compile included; an
+      array, like the other statistics, so that results of one fit `jax.tree.map`
+      together and pass through `jit` without compiling again).
     - `notes`: why the model is implausible (`equilens.solve.implausible_notes`; the
       status is then `RESULTS.implausible`), or how the errors were obtained when not from
       the Hessian over every fitted parameter (`equilens.solve.with_conditional_covariance`);
@@ -61,7 +68,7 @@ class FitResult(eqx.Module):
     n_data: int = eqx.field(static=True)
     n_linear: int = eqx.field(static=True)
     solver: str = eqx.field(static=True)
-    wall_time: float = eqx.field(static=True, default=float("nan"))
+    wall_time: Float[Array, "*batch"] = eqx.field(converter=jnp.asarray, default=float("nan"))
     notes: tuple[str, ...] = eqx.field(static=True, default=())
 
     @property
@@ -102,7 +109,7 @@ class FitResult(eqx.Module):
 
     def message(self) -> str:
         """The status in words (with the `notes`, if any)."""
-        out = RESULTS[self.result] or "successful"
+        out = RESULTS[self.result]
         if self.notes:
             short = "implausible" if self.result == RESULTS.implausible else out
             out = f"{short}: {'; '.join(self.notes)}"

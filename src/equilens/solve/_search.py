@@ -388,6 +388,7 @@ def search(
             bounds=bounds,
             max_steps=polish_steps,
             batch_size=batch_size,
+            covariance=False,
         )
         polished_values = np.asarray(polished.value, dtype=float)
         keep = np.argsort(np.nan_to_num(polished_values, nan=np.inf), kind="stable")[:n_refine]
