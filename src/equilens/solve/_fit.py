@@ -292,31 +292,19 @@ def _fit_core(kind, solver, objective, param, template, raw0, limits, progress, 
         solver = _OptaxMinimiser(optim=solver, rtol=rtol, atol=atol)
     # optimistix's own step limit is static (another value would compile the fit again),
     # so `_Watched` counts the steps; only a checkpointed adjoint needs the static one
-    args = (objective, template, ref)
     # (pyright takes the solvers' abstract rtol/atol/norm for fields: `_Watched` gives
     # them as properties, as optimistix's own wrappers do)
+    entry: Callable[..., Any]
     if kind == "least_squares":
-        sol = optx.least_squares(
-            residuals,
-            _WatchedLeastSquares(solver=solver, max_steps=max_steps, progress=progress),  # pyright: ignore[reportCallIssue]
-            z0,
-            args,
-            options,
-            max_steps=static_steps,
-            adjoint=adjoint,
-            throw=False,
-        )
+        entry, fn = optx.least_squares, residuals
+        watched = _WatchedLeastSquares(solver=solver, max_steps=max_steps, progress=progress)  # pyright: ignore[reportCallIssue]
     else:
-        sol = optx.minimise(
-            value,
-            _WatchedMinimiser(solver=solver, max_steps=max_steps, progress=progress),  # pyright: ignore[reportCallIssue]
-            z0,
-            args,
-            options,
-            max_steps=static_steps,
-            adjoint=adjoint,
-            throw=False,
-        )
+        entry, fn = optx.minimise, value
+        watched = _WatchedMinimiser(solver=solver, max_steps=max_steps, progress=progress)  # pyright: ignore[reportCallIssue]
+    args = (objective, template, ref)
+    sol = entry(
+        fn, watched, z0, args, options, max_steps=static_steps, adjoint=adjoint, throw=False
+    )
     res = RESULTS.promote(sol.result)
     best = objective.complete(model_at(sol.value, template))
     values = objective.values(best)
