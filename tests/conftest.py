@@ -53,14 +53,22 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _free_compiled_programs(request):
-    """After each slow test: XLA's compiled programs freed. A
-    compiled lens fit holds 1,000-1,600 memory mappings, and a process may hold 65,530
-    (Linux's vm.max_map_count): an xdist worker of the slow session that kept every fit it
-    compiled reached the limit and was aborted inside XLA's compiler (`LLVM ERROR: Unable
-    to allocate section memory`, or a segmentation fault; the core showed 65,531
-    mappings)."""
+    """XLA's compiled programs freed after each slow test, and after any test that leaves
+    the process holding more than half the memory mappings it may. A compiled lens fit
+    holds 1,000-1,600 memory mappings, and a process may hold 65,530 (Linux's
+    vm.max_map_count): an xdist worker of the slow session that kept every fit it compiled
+    reached the limit and was aborted inside XLA's compiler (`LLVM ERROR: Unable to
+    allocate section memory`, or a segmentation fault; the core showed 65,531 mappings),
+    and so was the one worker of the fast suite run with `-n 1` (a segmentation fault in
+    XLA's compiler after ~550 tests)."""
     yield
     if "slow" in request.keywords:
+        jax.clear_caches()
+        return
+    from equilens._resources import memory_maps
+
+    got = memory_maps()
+    if got is not None and got[0] > 0.5 * got[1]:
         jax.clear_caches()
 
 

@@ -1,5 +1,7 @@
 """The `equilens` command: the demo fit on the shipped HST data, `fit`, and bad input."""
 
+import contextlib
+import io
 import json
 import math
 
@@ -7,10 +9,11 @@ import jax
 import numpy as np
 import pytest
 from astropy.io import fits
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 import equilens as el
 from equilens import light, mass
-from equilens.cli import main
+from equilens.cli import REGULARIZATIONS, main
 
 # the command turns float64 on for its process: run these in the float64 session only
 pytestmark = pytest.mark.x64_only
@@ -162,7 +165,7 @@ def test_pixelized_fit_writes_evidence_and_source_fits(fits_files, tmp_path):
         ({"--source": "blob"}, "unknown source profile 'blob'"),
         ({"--pixel-scale": "-1"}, "--pixel-scale must be > 0"),
         ({"--mask-radius": "0"}, "--mask-radius must be > 0"),
-        ({"--max-steps": "0"}, "--max-steps must be >= 1"),
+        ({"--max-steps": "0"}, "--max-steps must be between 1 and"),
         ({"--positions": "/nonexistent/positions.txt"}, "positions file not found"),
         ({"--positions": "WORDS"}, "cannot read --positions"),
         ({"--positions": "THREE"}, "two columns (x y)"),
@@ -399,12 +402,254 @@ def test_sample_command_nested_pixelized_writes_the_evidence(fits_files, tmp_pat
 
 def test_sample_command_refuses_bad_counts(fits_files, tmp_path, capsys):
     assert main(_sample_args(fits_files, "--live", "3", "--json", str(tmp_path / "x.json"))) == 1
-    assert "--live must be >= 10" in capsys.readouterr().err
+    assert "--live must be between 10 and" in capsys.readouterr().err
     for option in ("--chains", "--samples", "--max-tree-depth"):
         argv = _sample_args(fits_files, option, "0", "--json", str(tmp_path / "x.json"))
         assert main(argv) == 1
-        assert f"{option} must be >= 1" in capsys.readouterr().err
+        assert f"{option} must be between 1 and" in capsys.readouterr().err
     # a pixelized source's mesh is checked before any fitting
     argv = _sample_args(fits_files, "--source", "pixelized", "--mesh", "hexagonal")
     assert main([*argv, "--json", str(tmp_path / "x.json")]) == 1
     assert "--mesh must be one of" in capsys.readouterr().err
+
+
+# --- every option under hypothesis, with --check (the inputs validated, nothing fitted) ---
+
+FUZZ = settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+@pytest.fixture(scope="module")
+def odd_files(fits_files, tmp_path_factory):
+    """Valid and broken inputs for every file option (FITS and positions text)."""
+    folder = tmp_path_factory.mktemp("odd")
+    paths = dict(fits_files)
+    gauss = np.exp(-0.5 * (np.arange(5) - 2.0) ** 2)
+    for name, arr in [
+        ("psf_even", np.ones((4, 4))),
+        ("psf_zero", np.zeros((5, 5))),
+        ("psf_negative", -np.outer(gauss, gauss)),
+        ("psf_big", np.ones((61, 61))),
+        ("mask_full", np.ones((50, 50), dtype=np.int16)),
+        ("cube", np.ones((3, 50, 50))),
+        ("zero_noise", np.zeros((50, 50))),
+    ]:
+        paths[name] = str(folder / f"{name}.fits")
+        fits.PrimaryHDU(arr).writeto(paths[name])
+    paths["empty_hdu"] = str(folder / "empty_hdu.fits")
+    fits.PrimaryHDU().writeto(paths["empty_hdu"])
+    for name, text in [
+        ("pos_good", "0.9 0.3\n-0.8 -0.4\n"),
+        ("pos_words", "left image\nright image\n"),
+        ("pos_three", "0.1 0.2 0.3\n-0.1 -0.2 -0.3\n"),
+        ("pos_nan", "nan 0.3\n-0.8 -0.4\n"),
+        ("pos_one", "0.9 0.3\n"),
+        ("pos_empty", ""),
+        ("not_fits", "SIMPLE = nonsense\n"),
+    ]:
+        paths[name] = str(folder / f"{name}.txt")
+        (folder / f"{name}.txt").write_text(text)
+    paths["missing"] = str(folder / "missing.fits")
+    paths["folder"] = str(folder)
+    return paths
+
+
+def _ints(lo: int, hi: int):
+    return st.integers(lo, hi).map(str)
+
+
+GARBAGE = st.one_of(
+    st.sampled_from(["", "x", "1,5", "nan", "inf", "-inf", "--", "1e999"]),
+    st.text(alphabet="abcxyz+:-_ 0123456789.", max_size=12),
+)
+
+
+def _not_number(least: float, most: float = math.inf, integer: bool = False):
+    """Strings that are not a number in [least, most] (not an integer where `integer`)."""
+    out = [GARBAGE.filter(lambda t: _invalid_number(t, least, integer, most))]
+    if least > -math.inf:
+        out.append(st.floats(max_value=least, exclude_max=True).map(repr))
+    if most < math.inf:
+        out.append(st.floats(min_value=most, exclude_min=True).map(repr))
+    if integer:
+        out.append(st.sampled_from(["1.5", "2.0", "99999999999999999999999"]))
+    return st.one_of(out).filter(lambda t: _invalid_number(t, least, integer, most))
+
+
+def _invalid_number(text: str, least: float, integer: bool = False, most=math.inf) -> bool:
+    """Whether `text` is not a number in [`least`, `most`] (an integer where `integer`)."""
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        return True
+    return not (math.isfinite(value) and least <= value <= most)
+
+
+def _positive():
+    return st.one_of(st.sampled_from(["0", "-0.0", "-1"]), _not_number(0.0)).filter(
+        lambda t: _invalid_number(t, 0.0) or float(t) <= 0
+    )
+
+
+#: Per option of `fit` (one image) and `sample`: (valid values, invalid values, words one of
+#: which the refusal must name). File options hold names of `odd_files`.
+OPTIONS = {
+    "IMAGE": (
+        st.sampled_from(["image", "dark"]),
+        st.sampled_from(["nan", "small", "cube", "empty_hdu", "not_fits", "missing", "folder"]),
+        ("image", "data"),
+    ),
+    "--noise-map": (
+        st.just("noise"),
+        st.sampled_from(["zero_noise", "small", "cube", "missing", "not_fits", "nan"]),
+        ("noise",),
+    ),
+    "--psf": (
+        st.just("psf"),
+        st.sampled_from(["psf_even", "psf_zero", "psf_negative", "psf_big", "cube", "missing"]),
+        ("psf", "PSF"),
+    ),
+    "--pixel-scale": (st.sampled_from(["0.06", "0.05", "0.08"]), _positive(), ("pixel-scale",)),
+    "--mask": (
+        st.just("mask"),
+        st.sampled_from(["mask_full", "small", "folder", "not_fits", "missing"]),
+        ("mask",),
+    ),
+    "--mask-radius": (st.sampled_from(["1.0", "1.4", "100"]), _positive(), ("mask-radius",)),
+    "--mass": (
+        st.sampled_from(["sie+shear", "epl+shear", "sis", "nfw+sie", "SIE + shear", "enfw"]),
+        st.sampled_from(["sie+banana", "+", "", "sie++shear", "shear+"]),
+        ("mass",),
+    ),
+    "--lens-light": (
+        st.sampled_from(["mge", "sersic", "none", "None", "sersic+sersic", "mge+mge"]),
+        st.sampled_from(["blob", "", "sersic+", "pixelized"]),
+        ("lens light", "lens-light"),
+    ),
+    "--source": (
+        st.sampled_from(["sersic", "pixelized", "Pixelized", "gaussian", "sersic+sersic"]),
+        st.sampled_from(["blob", "", "+", "pixelised"]),
+        ("source",),
+    ),
+    "--mesh": (
+        st.sampled_from(["rectangular", "adaptive:12x12", "delaunay:50", "rectangular:20X20"]),
+        st.sampled_from(
+            [
+                "hexagonal",
+                "",
+                "rectangular:0x4",
+                "rectangular:3x3x3",
+                "adaptive:-2x5",
+                "delaunay:-3",
+                "delaunay:x",
+                "adaptive:12",
+            ]
+        ),
+        ("mesh",),
+    ),
+    "--regularization": (
+        st.sampled_from(REGULARIZATIONS),
+        st.sampled_from(["tv", "", "Constant "]),
+        ("regularization",),
+    ),
+    "--regularization-strength": (
+        st.sampled_from(["2.0", "1e-3"]),
+        _positive(),
+        ("regularization-strength",),
+    ),
+    "--supersampling": (_ints(1, 4), _not_number(1, 32, True), ("supersampling",)),
+    "--solver": (
+        st.sampled_from(["lm", "bfgs", "LBFGS", "adam", "nonlinear-cg"]),
+        st.sampled_from(["newton", "", "l-bfgs"]),
+        ("solver",),
+    ),
+    "--max-steps": (_ints(1, 1000), _not_number(1, 2**31 - 1, True), ("max-steps",)),
+    "--positions": (
+        st.just("pos_good"),
+        st.sampled_from(["pos_words", "pos_three", "pos_nan", "pos_one", "pos_empty", "missing"]),
+        ("positions",),
+    ),
+    "--positions-sigma": (st.sampled_from(["0.05", "0.2"]), _positive(), ("positions-sigma",)),
+}
+SAMPLE_OPTIONS = {
+    "--sampler": (
+        st.sampled_from(["nuts", "nested"]),
+        st.sampled_from(["emcee", ""]),
+        ("sampler",),
+    ),
+    "--chains": (_ints(1, 8), _not_number(1, 2**31 - 1, True), ("chains",)),
+    "--max-tree-depth": (_ints(1, 20), _not_number(1, 20, True), ("max-tree-depth",)),
+    "--warmup": (_ints(0, 1000), _not_number(0, 2**31 - 1, True), ("warmup",)),
+    "--samples": (_ints(1, 2000), _not_number(1, 2**31 - 1, True), ("samples",)),
+    "--live": (_ints(10, 2000), _not_number(10, 2**31 - 1, True), ("live",)),
+    "--prior-width": (st.sampled_from(["10", "3.5"]), _positive(), ("prior-width",)),
+    "--seed": (_ints(0, 2**32 - 1), _not_number(0, 2**32 - 1, True), ("seed",)),
+}
+FILE_OPTIONS = {"IMAGE", "--noise-map", "--psf", "--mask", "--positions"}
+REQUIRED = ("IMAGE", "--noise-map", "--psf", "--pixel-scale")
+PIXELIZED_ONLY = ("--mesh", "--regularization", "--regularization-strength")
+
+
+def _run_checked(argv: list[str]) -> tuple[int, str, str]:
+    """`main(argv)`'s status, stdout and stderr; argparse's own refusals (status 2) too.
+    Any exception escaping `main` fails the test: the command must never show a
+    traceback."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as stop:  # argparse: usage and one error line
+            code = stop.code if isinstance(stop.code, int) else 1
+            assert code == 2 and "error:" in err.getvalue(), err.getvalue()
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("command", ["fit", "sample"])
+def test_every_option_is_checked_where_it_enters(odd_files, tmp_path, command):
+    """`equilens fit|sample ... --check` over every option: any combination of valid
+    values is accepted (status 0, a summary, nothing written); one invalid value (out of
+    range, garbage, a broken or missing file) is refused with one line that names the
+    option (argparse's own refusals: status 2 and its usage). Never a traceback."""
+    options = OPTIONS | (SAMPLE_OPTIONS if command == "sample" else {})
+    optional = [k for k in options if k not in REQUIRED]
+
+    @FUZZ
+    @given(data=st.data())
+    def check(data):
+        present = data.draw(st.sets(st.sampled_from(optional)), label="options")
+        values = {k: data.draw(options[k][0], label=k) for k in (*REQUIRED, *sorted(present))}
+        pixelized = values.get("--source", "sersic").lower() == "pixelized"
+        if not pixelized:  # (a pixelized source's options alone are refused: a bad case)
+            values = {k: v for k, v in values.items() if k not in PIXELIZED_ONLY}
+        if "--positions" not in values:
+            values.pop("--positions-sigma", None)
+        names = st.sampled_from(sorted(values))
+        bad = data.draw(st.one_of(st.none(), names, names, names), label="bad")
+        if bad is not None:
+            values[bad] = data.draw(options[bad][1], label=f"bad {bad}")
+        argv = [command, odd_files[values.pop("IMAGE")]]
+        for option, value in values.items():
+            argv += [option, odd_files[value] if option in FILE_OPTIONS else value]
+        argv += ["--json", str(tmp_path / "out.json"), "--check"]
+        code, out, err = _run_checked(argv)
+        assert "Traceback" not in err
+        assert not (tmp_path / "out.json").exists()  # nothing fitted, nothing written
+        if bad is None:
+            assert code == 0, (argv, err)
+            assert "the inputs are valid" in out
+            event("accepted")
+            return
+        assert code != 0, (bad, argv, out)
+        line = err.strip().splitlines()[-1]
+        if code == 1:
+            assert err.strip() == line and line.startswith("equilens: error:"), (argv, err)
+        path = odd_files.get(values.get(bad, ""), "\0")
+        named = any(word in line for word in options[bad][2]) or path in line
+        assert named, (bad, argv, line)
+        event(f"refused: {bad}")
+
+    check()

@@ -235,3 +235,41 @@ def test_outputs_are_replaced_in_one_step_or_not_at_all(tmp_path):
     plain = tmp_path / "plain.txt"
     plain.write_text("x")
     assert (target.stat().st_mode & 0o777) == (plain.stat().st_mode & 0o777)
+
+
+def _compact_lens(psf, grid):
+    """A lens with a bright compact source and a sharp lens core, seen through `psf`."""
+    truth = el.LensSystem(
+        mass=mass.SIE(theta_E=0.8, e1=0.05),
+        lens_light=light.Sersic(amp=40.0, R_sersic=0.3, n_sersic=4.0),
+        source=light.Sersic(amp=400.0, R_sersic=0.03, n_sersic=1.0, center_x=0.05),
+    )
+    return el.simulate(jax.random.key(2), truth, grid, psf, exposure_time=3000.0, sky_level=1.0)
+
+
+@pytest.mark.precision_independent
+def test_psf_much_wider_than_the_data_is_warned_about():
+    """The data are the sky convolved with the PSF, so a kernel more than twice as wide
+    as the data's narrowest bright feature is not theirs: a `DataWarning`; the data's own
+    PSF (and the shipped HST lens's) passes silently (the suite turns warnings into
+    errors)."""
+    grid = el.Grid((60, 60), 0.05)
+    own = el.GaussianPSF(fwhm=0.1, pixel_scale=0.05)
+    data = _compact_lens(own, grid)
+    args = (np.asarray(data.data), np.asarray(data.noise_map))
+    el.Imaging(*args, own, 0.05)  # no warning
+    wider = el.GaussianPSF(fwhm=0.3, pixel_scale=0.05)  # 3x: e.g. another band's
+    finer = el.PixelPSF(el.GaussianPSF(fwhm=0.1, pixel_scale=0.015).kernel())  # 0.015"/pixel
+    flat = el.PixelPSF(np.ones((15, 15)))
+    for psf in (wider, finer, flat):
+        with pytest.warns(el.DataWarning, match="more than twice as wide"):
+            el.Imaging(*args, psf, 0.05)
+    # at low S/N nothing can be told apart: no warning
+    faint = np.asarray(data.data) * 0.02
+    el.Imaging(faint, args[1], flat, 0.05)
+    el.Imaging.from_fits(
+        os.path.join(DATA, "image.fits"),
+        os.path.join(DATA, "noise_map.fits"),
+        os.path.join(DATA, "psf.fits"),
+        0.05,
+    )

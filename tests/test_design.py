@@ -19,10 +19,11 @@ ROOTS = [
     regularization.AbstractRegularization,
 ]
 
-# Concrete methods of abstract classes that a final class may replace by an analytic form
-# (hessian, convergence) or a sparse one (a regularization's H by its entries; the default
-# has none).
-OVERRIDE_ALLOWLIST = {"hessian", "convergence", "sparse_matrix"}
+# Concrete methods (and properties) of abstract classes that a final class may replace by an
+# analytic form (hessian, convergence), a sparse one (a regularization's H by its entries;
+# the default has none), or a term's own answer (a multi-band term is least squares when
+# all of its bands are).
+OVERRIDE_ALLOWLIST = {"hessian", "convergence", "sparse_matrix", "least_squares"}
 
 
 def _all_subclasses(cls):
@@ -65,7 +66,7 @@ def test_abstract_or_final(cls):
 )
 def test_final_classes_override_only_allowlisted_concrete_methods(cls):
     for name, value in vars(cls).items():
-        if not callable(value) or name.startswith("__"):
+        if not (callable(value) or isinstance(value, property)) or name.startswith("__"):
             continue
         for base in cls.__mro__[1:]:
             if not base.__module__.startswith("equilens") or name not in vars(base):

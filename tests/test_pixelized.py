@@ -1,6 +1,7 @@
 """Pixelized sources: the inversion and log-evidence against an independent dense NumPy
 implementation, round-off reconstruction, gradients, evidence scans and bad input."""
 
+import concurrent.futures
 import dataclasses
 import math
 
@@ -810,7 +811,7 @@ def test_singular_system_gives_infinite_term_not_nan(dataset):
 def test_bad_arguments_raise(dataset):
     with pytest.raises(ValueError, match="route"):
         el.LogEvidence(dataset, route="fast")
-    with pytest.raises(ValueError, match="coefficient must be > 0"):
+    with pytest.raises(ValueError, match="coefficient must be finite and in"):
         el.ConstantRegularization(0.0)
     with pytest.raises(ValueError, match="nu"):
         el.MaternKernel(1.0, 0.1, nu=1.0)
@@ -1303,6 +1304,79 @@ def test_factor_store_is_only_a_shortcut(dataset, monkeypatch):
     third = flat(jax.grad(loss)(params))
     assert rel_err(third, first) < (1e-12 if X64 else 1e-5)
     assert int(jnp.sum(first != 0.0)) >= 5
+
+
+def _arrays(item):
+    """The NumPy arrays inside `item` (nested tuples and lists)."""
+    if isinstance(item, np.ndarray):
+        return [item]
+    if isinstance(item, tuple | list):
+        return [a for part in item for a in _arrays(part)]
+    return []
+
+
+@pytest.mark.precision_independent
+@pytest.mark.parametrize("wrt", ["everything", "mass"])
+def test_factor_store_keeps_no_view_of_xla_buffers(dataset, monkeypatch, wrt):
+    # the forward call's operands are read-only views of XLA's buffers, which XLA reuses
+    # once the call returns: what the store keeps for the reverse pass (the factor, the
+    # tile blocks of C) must own its memory
+    from equilens.numba import _host_linalg
+
+    calls, kept = [], []
+    solved, keep = _host_linalg._system_solved, _host_linalg._FACTORS.keep
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return solved(*args, **kwargs)
+
+    def keep_spy(item, size):
+        kept.append(item)
+        return keep(item, size)
+
+    monkeypatch.setattr(_host_linalg, "_system_solved", spy)
+    monkeypatch.setattr(_host_linalg._FACTORS, "keep", keep_spy)
+    system = _system(_mesh("rect", dataset), _reg("constant"), lens_light=True)
+    term = el.LogEvidence(dataset, route="sparse")
+    if wrt == "mass":  # the pixels' weights and values still move: the blocks are kept
+        loss = jax.jit(lambda m: term(eqx.tree_at(lambda s: s.mass, system, m)))
+        grad = jax.grad(loss)(system.mass)
+    else:
+        params, static = eqx.partition(system, eqx.is_inexact_array)
+        grad = jax.jit(jax.grad(lambda p: term(eqx.combine(p, static))))(params).mass
+    assert np.isfinite(float(grad.components[0].theta_E))
+    operands = [a for args in calls for a in _arrays(args)]
+    arrays = [a for item in kept for a in _arrays(item)]
+    assert calls and arrays and operands
+    assert any(not a.flags.writeable for a in operands)  # (they are XLA's buffers)
+    for a in arrays:
+        assert not any(np.shares_memory(a, op) for op in operands)
+
+
+@pytest.mark.precision_independent
+def test_evidence_from_several_threads_is_the_single_thread_evidence(dataset):
+    # the host route (Numba kernels, the factor store, the triangulation cache: a Delaunay
+    # mesh on the sparse route has them all) called from four Python threads at once, each
+    # model twice: its value and gradient as when alone, to the last bit
+    term = el.LogEvidence(dataset, route="sparse")
+    system = _system(_mesh("delaunay", dataset), _reg("constant"), lens_light=True)
+    value_and_grad = eqx.filter_jit(eqx.filter_value_and_grad(lambda s: term(s)))
+    models = [
+        eqx.tree_at(lambda s: s.mass.components[0].theta_E, system, 0.9 + 0.01 * k)
+        for k in range(4)
+    ]
+
+    def flat(out):
+        value, grad = out
+        leaves = jax.tree.leaves(eqx.filter(grad, eqx.is_inexact_array))
+        return np.concatenate([[float(value)], *(np.ravel(np.asarray(g)) for g in leaves)])
+
+    alone = [flat(value_and_grad(m)) for m in models]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        together = list(pool.map(lambda m: flat(value_and_grad(m)), models * 2))
+    for k, got in enumerate(together):
+        np.testing.assert_array_equal(got, alone[k % len(models)])
+    assert len({a[0] for a in alone}) == len(models)  # (four different models)
 
 
 @pytest.mark.precision_independent

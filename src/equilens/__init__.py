@@ -28,7 +28,12 @@ from ._math import (
 from ._multiband import MultiBandLensSystem as MultiBandLensSystem
 from ._resources import ResourceLimitWarning as ResourceLimitWarning
 from ._sharding import device_mesh as device_mesh, shard as shard
-from .data import Imaging as Imaging, MultiBandImaging as MultiBandImaging, simulate as simulate
+from .data import (
+    DataWarning as DataWarning,
+    Imaging as Imaging,
+    MultiBandImaging as MultiBandImaging,
+    simulate as simulate,
+)
 from .objective import Objective as Objective, select as select
 from .psf import GaussianPSF as GaussianPSF, PixelPSF as PixelPSF
 from .regularization import (

@@ -10,6 +10,7 @@ compiled programs (and their mappings); `sysctl -w vm.max_map_count=262144` rais
 limit. `check_memory_maps` warns before the limit is reached.
 """
 
+import functools
 import sys
 import warnings
 
@@ -23,6 +24,7 @@ class ResourceLimitWarning(UserWarning):
     """The process is close to a limit of the operating system (see `check_memory_maps`)."""
 
 
+@functools.cache
 def _limit() -> int | None:
     try:
         with open("/proc/sys/vm/max_map_count") as f:

@@ -47,7 +47,8 @@ also gives the log-evidence. OUT.json holds the fit and, per parameter, the post
 corner plot as OUT_corner.png; exit status 2 when NUTS did not converge (an R-hat at or
 above 1.01, or divergent transitions) or nested sampling stopped short of its samples.
 
-Errors are one
+`--check` (fit and sample) checks every input and option, prints what would be fitted
+and exits with status 0 without fitting or writing anything. Errors are one
 line on stderr and exit status 1; a fit that did not converge, or converged to an
 implausible model (a parameter at a bound, a source larger than the data), writes its
 results, says why on stderr and exits with status 2.
@@ -55,15 +56,19 @@ results, says why on stderr and exits with status 2.
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
+import warnings
 from typing import Any
 
 from ._files import atomic_path
 
 DEMO_MASK_RADIUS = 3.0  # arcsec: the lens and the inner ring of SDSS J0946+1006
 DEMO_SUPERSAMPLING = 2  # the source is compact (R ~ 0.1"): 2x2 sub-pixels per pixel
+MAX_SUPERSAMPLING = 32  # sub-pixels per pixel side: beyond it a typo, not a model
+MAX_COUNT = 2**31 - 1  # steps, chains, draws, live points: int32 on the device
 
 
 def _load(
@@ -77,9 +82,9 @@ def _load(
 ):
     from . import Imaging
 
-    if not pixel_scale > 0:
+    if not (math.isfinite(pixel_scale) and pixel_scale > 0):
         raise ValueError(f"--pixel-scale must be > 0 arcsec, got {pixel_scale}")
-    if radius is not None and not radius > 0:
+    if radius is not None and not (math.isfinite(radius) and radius > 0):
         raise ValueError(f"--mask-radius must be > 0 arcsec, got {radius}")
     # the radius joins the mask before the data are checked: only the pixels the fit uses
     # must be finite with positive noise (a cutout's NaN border outside it is ignored)
@@ -109,8 +114,10 @@ def _positions(path: str | None):
     if not os.path.exists(path):
         raise ValueError(f"positions file not found: {path}")
     try:
-        pos = np.loadtxt(path, ndmin=2)
-    except ValueError as err:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy only warns about an empty file
+            pos = np.loadtxt(path, ndmin=2)
+    except (ValueError, UserWarning) as err:
         raise ValueError(f"cannot read --positions {path}: {err}") from None
     if pos.shape[1] != 2 or pos.shape[0] < 2:
         raise ValueError(f"--positions needs two columns (x y) and >= 2 rows, got {pos.shape}")
@@ -136,6 +143,8 @@ def make_mesh(spec: str, imaging):
     try:
         if kind == "delaunay":
             n = int(size) if size else DEFAULT_DELAUNAY_NODES
+            if n < 3:
+                raise ValueError(f"a Delaunay mesh needs >= 3 nodes, got {n}")
             n = min(n, int(np.asarray(imaging.mask).sum()) // 2)
             return DelaunayMesh.from_mask(imaging.grid, np.asarray(imaging.mask), n)
         shape = tuple(int(v) for v in size.lower().split("x")) if size else DEFAULT_MESH_SHAPE[kind]
@@ -143,7 +152,10 @@ def make_mesh(spec: str, imaging):
         raise ValueError(f"bad --mesh size in {spec!r}: {err}") from None
     if len(shape) != 2:
         raise ValueError(f"--mesh {kind} size must be NYxNX, got {size!r}")
-    return RectangularMesh(shape) if kind == "rectangular" else AdaptiveRectangularMesh(shape)
+    try:
+        return RectangularMesh(shape) if kind == "rectangular" else AdaptiveRectangularMesh(shape)
+    except ValueError as err:
+        raise ValueError(f"bad --mesh {spec!r}: {err}") from None
 
 
 def make_regularization(name: str, strength: float | None):
@@ -659,18 +671,27 @@ def run_demo(output: str, solver: str = "lm") -> dict[str, str]:
     return out
 
 
-def _pixelized_options(parser: argparse.ArgumentParser) -> None:
+def _common_options(parser: argparse.ArgumentParser) -> None:
+    """The options `fit` and `sample` share after the data's."""
     parser.add_argument(
-        "--mesh", default="rectangular", help="pixelized source mesh: " + "|".join(MESHES)
+        "--mesh",
+        help="pixelized source mesh: rectangular[:NYxNX] (default), adaptive[:NYxNX], delaunay[:N]",
     )
     parser.add_argument(
-        "--regularization", default="constant", help="pixelized: " + "|".join(REGULARIZATIONS)
+        "--regularization",
+        help="pixelized: " + "|".join(REGULARIZATIONS) + " (default constant)",
     )
     parser.add_argument(
         "--regularization-strength",
         type=float,
         default=None,
         help="pixelized: fixed strength (default: fitted by the evidence)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check the inputs and the model options, print what would be fitted and exit "
+        "(status 0 when valid) without fitting",
     )
 
 
@@ -713,8 +734,10 @@ def main(argv: list[str] | None = None) -> int:
         "expansion; sersic+sersic: a double Sersic); none for data with the lens removed",
     )
     fit.add_argument("--source", default="sersic", help="source light profiles, or 'pixelized'")
-    _pixelized_options(fit)
-    fit.add_argument("--supersampling", type=int, default=1, help="sub-pixels per pixel side")
+    _common_options(fit)
+    fit.add_argument(
+        "--supersampling", type=int, default=1, help="sub-pixels per pixel side (1 to 32)"
+    )
     fit.add_argument("--solver", default="lm", help="solver name (lm, bfgs, lbfgs, adam)")
     fit.add_argument(
         "--max-steps",
@@ -751,8 +774,10 @@ def main(argv: list[str] | None = None) -> int:
     smp.add_argument("--mass", default="sie+shear", help="mass profiles, '+'-joined")
     smp.add_argument("--lens-light", default="mge", help="lens light profiles, or none")
     smp.add_argument("--source", default="sersic", help="source light profiles, or 'pixelized'")
-    _pixelized_options(smp)
-    smp.add_argument("--supersampling", type=int, default=1, help="sub-pixels per pixel side")
+    _common_options(smp)
+    smp.add_argument(
+        "--supersampling", type=int, default=1, help="sub-pixels per pixel side (1 to 32)"
+    )
     smp.add_argument("--solver", default="lm", help="solver of the fit the chains start from")
     smp.add_argument("--max-steps", type=int, default=None, help="solver steps per fit")
     smp.add_argument("--positions", help="text file: x y of the multiple images (arcsec)")
@@ -798,70 +823,22 @@ def main(argv: list[str] | None = None) -> int:
         "--json", required=True, help="output JSON path (NetCDF draws, corner plot beside it)"
     )
     args = parser.parse_args(argv)
+    if args.command != "demo":
+        args.source = args.source.strip().lower()
 
     import jax
 
     jax.config.update("jax_enable_x64", True)
     try:
         if args.command == "demo":
-            out = run_demo(args.output, args.solver)
-        elif args.command == "sample":
-            if args.supersampling < 1:
-                raise ValueError(f"--supersampling must be >= 1, got {args.supersampling}")
-            for option, value, least in (
-                ("--chains", args.chains, 1),
-                ("--warmup", args.warmup, 0),
-                ("--samples", 1 if args.samples is None else args.samples, 1),
-                ("--live", args.live, 10),
-                ("--max-tree-depth", 1 if args.max_tree_depth is None else args.max_tree_depth, 1),
-            ):
-                if value < least:
-                    raise ValueError(f"{option} must be >= {least}, got {value}")
-            imaging = _imaging(args)
-            out = run_sample(
-                imaging,
-                args.json,
-                args.mass,
-                None if args.lens_light.lower() == "none" else args.lens_light,
-                args.source,
-                n_chains=args.chains,
-                n_warmup=args.warmup,
-                n_samples=args.samples,
-                seed=args.seed,
-                solver=args.solver,
-                max_steps=args.max_steps,
-                positions=_positions(args.positions),
-                positions_sigma=args.positions_sigma,
-                sampler=args.sampler,
-                n_live=args.live,
-                prior_width=args.prior_width,
-                mesh=args.mesh,
-                regularization=args.regularization,
-                strength=args.regularization_strength,
-                max_tree_depth=args.max_tree_depth,
-            )
+            _check_solver(args.solver)
+            return _exit(run_demo(args.output, args.solver))
+        _check_numbers(args)
+        positions = _positions(args.positions)
+        if args.command == "fit" and args.band:
+            data = _bands(args)
+            first = data.bands[0]
         else:
-            if args.supersampling < 1:
-                raise ValueError(f"--supersampling must be >= 1, got {args.supersampling}")
-            if args.max_steps is not None and args.max_steps < 1:
-                raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}")
-            positions = _positions(args.positions)
-            if args.band:
-                out = run_fit_multiband(
-                    _bands(args),
-                    args.json,
-                    args.mass,
-                    None if args.lens_light.lower() == "none" else args.lens_light,
-                    args.source,
-                    args.solver,
-                    max_steps=args.max_steps,
-                    positions=positions,
-                    positions_sigma=args.positions_sigma,
-                    mesh=args.mesh,
-                    regularization=args.regularization,
-                    strength=args.regularization_strength,
-                )
-                return _exit(out)
             for option, value in (
                 ("IMAGE", args.image),
                 ("--noise-map", args.noise_map),
@@ -870,27 +847,167 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 if value is None:
                     raise ValueError(f"{option} is required (or --band once per band)")
-            imaging = _imaging(args)
-            lens_light = None if args.lens_light.lower() == "none" else args.lens_light
-            out = run_fit(
-                imaging,
+            data = first = _imaging(args)
+        plan = _check_model(args, first, positions)
+        if data is not first:
+            plan.insert(0, f"{len(data)} bands ({', '.join(data.names)}); the first:")
+        if args.check:
+            print(f"equilens {args.command}: the inputs are valid (--check: nothing fitted)")
+            print("\n".join(f"  {line}" for line in plan))
+            return 0
+        mesh = "rectangular" if args.mesh is None else args.mesh
+        regularization = "constant" if args.regularization is None else args.regularization
+        lens_light = _lens_light(args)
+        if args.command == "sample":
+            out = run_sample(
+                data,
+                args.json,
+                args.mass,
+                lens_light,
+                args.source,
+                n_chains=args.chains,
+                n_warmup=args.warmup,
+                n_samples=args.samples,
+                seed=args.seed,
+                solver=args.solver,
+                max_steps=args.max_steps,
+                positions=positions,
+                positions_sigma=args.positions_sigma,
+                sampler=args.sampler,
+                n_live=args.live,
+                prior_width=args.prior_width,
+                mesh=mesh,
+                regularization=regularization,
+                strength=args.regularization_strength,
+                max_tree_depth=args.max_tree_depth,
+            )
+        else:
+            run = run_fit_multiband if args.band else run_fit
+            out = run(
+                data,
                 args.json,
                 args.mass,
                 lens_light,
                 args.source,
                 args.solver,
-                mesh=args.mesh,
-                regularization=args.regularization,
-                strength=args.regularization_strength,
                 max_steps=args.max_steps,
                 positions=positions,
                 positions_sigma=args.positions_sigma,
+                mesh=mesh,
+                regularization=regularization,
+                strength=args.regularization_strength,
             )
     except (ValueError, OSError, RuntimeError, TypeError) as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"equilens: error: {msg}", file=sys.stderr)
         return 1
     return _exit(out)
+
+
+def _lens_light(args) -> str | None:
+    return None if args.lens_light.lower() == "none" else args.lens_light
+
+
+def _check_solver(name: str) -> None:
+    from .solve import SOLVER_NAMES
+
+    if name.lower() not in SOLVER_NAMES:
+        raise ValueError(f"--solver must be one of {', '.join(SOLVER_NAMES)}, got {name!r}")
+
+
+def _check_numbers(args) -> None:
+    """The counts and numbers of `fit`'s and `sample`'s options, before any file is read."""
+    if not 1 <= args.supersampling <= MAX_SUPERSAMPLING:
+        raise ValueError(
+            f"--supersampling must be between 1 and {MAX_SUPERSAMPLING}, got {args.supersampling}"
+        )
+    if args.max_steps is not None and not 1 <= args.max_steps <= MAX_COUNT:
+        raise ValueError(f"--max-steps must be between 1 and {MAX_COUNT}, got {args.max_steps}")
+    _check_solver(args.solver)
+    if args.positions_sigma is not None:
+        if args.positions is None:
+            raise ValueError("--positions-sigma needs --positions")
+        if not (math.isfinite(args.positions_sigma) and args.positions_sigma > 0):
+            raise ValueError(f"--positions-sigma must be > 0 arcsec, got {args.positions_sigma}")
+    pixelized = args.source == "pixelized"
+    for option, value in (
+        ("--mesh", args.mesh),
+        ("--regularization", args.regularization),
+        ("--regularization-strength", args.regularization_strength),
+    ):
+        if value is not None and not pixelized:
+            raise ValueError(f"{option} is an option of --source pixelized (got {args.source})")
+    if args.command != "sample":
+        return
+    for option, value, least, most in (
+        ("--chains", args.chains, 1, MAX_COUNT),
+        ("--warmup", args.warmup, 0, MAX_COUNT),
+        ("--samples", 1 if args.samples is None else args.samples, 1, MAX_COUNT),
+        ("--live", args.live, 10, MAX_COUNT),
+        ("--max-tree-depth", 1 if args.max_tree_depth is None else args.max_tree_depth, 1, 20),
+        ("--seed", args.seed, 0, 2**32 - 1),
+    ):
+        if not least <= value <= most:
+            raise ValueError(f"{option} must be between {least} and {most}, got {value}")
+    if not (math.isfinite(args.prior_width) and args.prior_width > 0):
+        raise ValueError(f"--prior-width must be > 0 (errors of the fit), got {args.prior_width}")
+
+
+def _class_names(node: Any) -> str:
+    """`SIE + ExternalShear` for a sum of profiles, the class name for one."""
+    from .light import LightSum
+    from .mass import MassSum
+
+    parts = node.components if isinstance(node, MassSum | LightSum) else (node,)
+    return " + ".join(type(p).__name__ for p in parts)
+
+
+def _check_model(args, imaging, positions) -> list[str]:
+    """The model options of `fit` and `sample` checked on `imaging` (the first band) before
+    any fitting: the profile names (the starting model is built), the positions, a
+    pixelized source's mesh and regularization. Returns what would be fitted, in words."""
+    import equinox as eqx
+    import jax
+    import numpy as np
+
+    from .solve import start_model
+
+    pixelized = args.source == "pixelized"
+    lens_light = _lens_light(args)
+    model = start_model(imaging, args.mass, lens_light, "sersic" if pixelized else args.source)
+    n_used = int(np.asarray(imaging.mask).sum())
+    n_params = sum(
+        np.size(leaf) for leaf in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))
+    )
+    if n_used <= n_params:
+        raise ValueError(
+            f"the mask leaves {n_used} pixels to fit, not more than the model's {n_params} "
+            "parameters (a larger --mask-radius?)"
+        )
+    lines = [
+        f'data: {imaging.shape[0]}x{imaging.shape[1]} pixels of {imaging.pixel_scale:g}" '
+        f"({n_used} in the mask), supersampling {imaging.grid.supersampling}",
+        "model: "
+        + ", ".join(
+            f"{field.replace('_', ' ')} {_class_names(getattr(model, field))}"
+            for field in ("mass", "lens_light", "source")
+            if getattr(model, field) is not None
+        ),
+        f"solver: {args.solver}",
+    ]
+    if positions is not None:
+        if not np.all(np.isfinite(positions)):
+            raise ValueError("--positions must be finite numbers")
+        lines.append(f"positions: {len(positions)} images")
+    if pixelized:
+        name = "constant" if args.regularization is None else args.regularization
+        mesh = make_mesh("rectangular" if args.mesh is None else args.mesh, imaging)
+        make_regularization(name, args.regularization_strength)
+        lines.append(
+            f"pixelized source: {type(mesh).__name__} ({mesh.n_pixels} pixels), {name} "
+            "regularization"
+        )
+    return lines
 
 
 def _exit(out: dict[str, str]) -> int:

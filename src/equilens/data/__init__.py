@@ -1,5 +1,5 @@
 """Datasets: imaging from arrays or FITS files, and simulation."""
 
-from ._imaging import Imaging as Imaging
+from ._imaging import DataWarning as DataWarning, Imaging as Imaging
 from ._multiband import MultiBandImaging as MultiBandImaging
 from ._simulate import simulate as simulate

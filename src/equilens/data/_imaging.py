@@ -1,6 +1,7 @@
 """Imaging datasets: data, noise, PSF and mask, from arrays or FITS files."""
 
 import os
+import warnings
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -24,11 +25,17 @@ def _load_fits(path: str | os.PathLike, hdu: int = 0, what: str = "image") -> np
         ext = int(name) if name.isdigit() else name
     if not os.path.isfile(path):
         raise ValueError(f"{what} file not found: {path}")
-    with fits.open(path) as hdul:
+    try:
+        hdul = fits.open(path)
+    except (OSError, ValueError, TypeError) as err:
+        raise ValueError(f"{what} file {path} is not a readable FITS file ({err})") from None
+    with hdul:
         try:
             data = hdul[ext].data  # pyright: ignore[reportAttributeAccessIssue]
         except (KeyError, IndexError):
             data = None
+        except (OSError, ValueError, TypeError) as err:  # a damaged data unit
+            raise ValueError(f"{what} file {path}: cannot read HDU {ext} ({err})") from None
         if data is None:
             raise ValueError(f"{what} file {path} has no image data in HDU {ext}")
         return np.asarray(data, dtype=np.float64)
@@ -38,6 +45,92 @@ def _kernel_pixels(psf: AbstractPSF) -> tuple[int, int]:
     """The PSF kernel's size in image pixels (a supersampled kernel's, rounded up)."""
     ky, kx = psf.kernel().shape
     return -(-ky // psf.supersampling), -(-kx // psf.supersampling)
+
+
+class DataWarning(UserWarning):
+    """A dataset that is valid but probably not what was meant (e.g. a PSF much wider than
+    the sharpest feature in the data)."""
+
+
+#: The PSF width check (`_psf_wider_than_data`) reads the data's local maxima with at least
+#: this S/N whose eight neighbours have at least this S/N, at most this many (the brightest).
+PEAK_SNR, NEIGHBOUR_SNR, MAX_PEAKS = 30.0, 10.0, 100
+
+
+#: The directions in which `_peak_widths` measures a peak: along the rows, the columns and
+#: the two diagonals (steps of 1, 1, sqrt 2, sqrt 2 pixels).
+_DIRECTIONS = ((1, 0), (0, 1), (1, 1), (1, -1))
+
+
+def _peak_widths(img: np.ndarray, r: int, c: int) -> np.ndarray | None:
+    """The squared widths (pixels^2) of the peak of `img` at `(r, c)` in the four
+    `_DIRECTIONS`, from the curvature of its logarithm (exact for a Gaussian:
+    ln I(+h) + ln I(-h) - 2 ln I(0) = -h^2/sigma^2); None where it is not a positive peak."""
+    if not 0 < r < img.shape[0] - 1 or not 0 < c < img.shape[1] - 1:
+        return None
+    out = np.empty(len(_DIRECTIONS))
+    for k, (dr, dc) in enumerate(_DIRECTIONS):
+        centre, one, two = img[r, c], img[r + dr, c + dc], img[r - dr, c - dc]
+        if not (centre > 0 and one > 0 and two > 0):
+            return None
+        curvature = 2 * np.log(centre) - np.log(one) - np.log(two)
+        if not curvature > 0:
+            return None
+        out[k] = (dr * dr + dc * dc) / curvature
+    return out
+
+
+def _psf_wider_than_data(
+    data: np.ndarray, noise: np.ndarray, mask: np.ndarray, kernel: np.ndarray
+) -> str | None:
+    """Why the PSF cannot be the data's, or None. The data are the sky convolved with the
+    PSF, so no feature in them is narrower than the PSF in any direction (for Gaussians,
+    widths add in quadrature). The data's peaks in the mask (local maxima at S/N >=
+    `PEAK_SNR` whose eight neighbours are at >= `NEIGHBOUR_SNR`; the `MAX_PEAKS` brightest)
+    are measured along the rows, columns and diagonals: one narrower than half the PSF's
+    width in the same direction says that the kernel is not the data's (another band's,
+    another pixel scale's, or a flat kernel)."""
+    ny, nx = data.shape
+    snr = np.full(data.shape, -np.inf)
+    np.divide(data, noise, out=snr, where=mask)
+    mid = snr[1:-1, 1:-1]
+    around = np.stack(
+        [snr[1 + dr : ny - 1 + dr, 1 + dc : nx - 1 + dc] for dr in (-1, 0, 1) for dc in (-1, 0, 1)]
+    )
+    peak = (mid >= around.max(axis=0)) & (mid >= PEAK_SNR) & (around.min(axis=0) >= NEIGHBOUR_SNR)
+    rows, cols = np.nonzero(peak)
+    rows, cols = rows + 1, cols + 1
+    kr, kc = np.unravel_index(int(np.argmax(kernel)), kernel.shape)
+    w_psf = _peak_widths(kernel, int(kr), int(kc))
+    positive = kernel[kernel > 0]
+    if w_psf is None and (positive.size == 0 or kernel.max() < 2 * np.median(positive)):
+        w_psf = np.full(len(_DIRECTIONS), np.inf)  # a kernel without a peak (flat)
+    if rows.size == 0 or w_psf is None:
+        return None
+    worst, where = 0.0, None
+    for k in np.argsort(snr[rows, cols])[::-1][:MAX_PEAKS]:
+        w_data = _peak_widths(data, int(rows[k]), int(cols[k]))
+        if w_data is not None and np.max(w_psf / w_data) > worst:
+            worst, where = float(np.max(w_psf / w_data)), (int(rows[k]), int(cols[k]), w_data)
+    if where is None or not worst > 4.0:
+        return None
+    r, c, w_data = where
+    d = int(np.argmax(w_psf / w_data))
+    fwhm = 2 * np.sqrt(2 * np.log(2))
+    what = (
+        "flat: it has no peak"
+        if np.isinf(w_psf[d])
+        else f"FWHM ~ {fwhm * np.sqrt(w_psf[d]):.3g} pixels at its peak, along {_NAMES[d]}"
+    )
+    return (
+        f"the PSF ({what}) is more than twice as wide as a bright feature of the data (FWHM ~ "
+        f"{fwhm * np.sqrt(w_data[d]):.3g} pixels at row {r}, column {c}, S/N "
+        f"{snr[r, c]:.0f}), which the PSF cannot make: is it the data's PSF, at the data's "
+        "pixel scale (or is that pixel a cosmic ray)?"
+    )
+
+
+_NAMES = ("y", "x", "a diagonal", "a diagonal")
 
 
 def _at_least(lo: int, hi: int, size: int, n: int) -> tuple[int, int]:
@@ -67,7 +160,10 @@ class Imaging(eqx.Module):
 
     Raises `ValueError` naming the problem for: non-2-d data, a shape mismatch, NaN or
     infinite data or noise inside the mask, non-positive noise inside the mask, an empty
-    mask, a PSF kernel larger than the image. Unused (masked-out) pixels are set to 0 data
+    mask, a PSF kernel larger than the image; warns (`DataWarning`) when the PSF is more
+    than twice as wide as a bright feature of the data (S/N >= 30) in some direction, which a
+    convolution with it could not have made (the wrong band's or pixel scale's PSF, a flat
+    kernel). Unused (masked-out) pixels are set to 0 data
     and unit noise; `ignored_bad_pixels` counts those among them that were bad (NaN or
     infinite data or noise, or noise <= 0: e.g. the NaN borders of a cutout).
     """
@@ -122,6 +218,10 @@ class Imaging(eqx.Module):
                 f"the PSF kernel ({kernel[0]}x{kernel[1]} image pixels) is larger than the "
                 f"image ({d.shape[0]}x{d.shape[1]}): crop the kernel, or give a larger cutout"
             )
+        if psf.supersampling == 1:
+            why = _psf_wider_than_data(d, n, m, np.asarray(psf.kernel(), np.float64))
+            if why is not None:
+                warnings.warn(why, DataWarning, stacklevel=2)
         bad = ~(np.isfinite(d) & np.isfinite(n) & (np.where(np.isfinite(n), n, 0.0) > 0))
         self.ignored_bad_pixels = int((bad & ~m).sum())
         d = np.where(m, d, 0.0)

@@ -16,13 +16,6 @@ from ..terms import (
 )
 
 
-def least_squares_term(term: AbstractTerm) -> bool:
-    """Whether `term` has whitened residuals (a multi-band term: all of its bands)."""
-    if isinstance(term, MultiBandTerm):
-        return term.least_squares
-    return isinstance(term, AbstractLeastSquaresTerm)
-
-
 class Objective(eqx.Module):
     """`objective(model) = sum_i weights[i] * terms[i](model)`: the negative log posterior
     (up to the evidence) that `equilens.fit` minimises.
@@ -66,7 +59,7 @@ class Objective(eqx.Module):
     @property
     def least_squares(self) -> bool:
         """True when every term has whitened residuals (Levenberg-Marquardt applies)."""
-        return all(least_squares_term(t) for t in self.terms)
+        return all(t.least_squares for t in self.terms)
 
     def residuals(self, model: PyTree[Any]) -> Float[Array, " n"]:
         """Whitened residuals of all terms, each scaled by `sqrt(weight)`, concatenated.
@@ -74,9 +67,7 @@ class Objective(eqx.Module):
         Raises `TypeError` if a term is not a least-squares term."""
         parts = []
         for w, t in zip(self.weights, self.terms, strict=True):
-            if not isinstance(t, AbstractLeastSquaresTerm | MultiBandTerm) or not (
-                least_squares_term(t)
-            ):
+            if not isinstance(t, AbstractLeastSquaresTerm | MultiBandTerm) or not t.least_squares:
                 raise TypeError(
                     f"{type(t).__name__} has no least-squares form (no whitened residuals): "
                     "use a minimiser (e.g. solver='bfgs') instead of Levenberg-Marquardt"
@@ -88,9 +79,7 @@ class Objective(eqx.Module):
         """`objective - 0.5 |residuals|^2` (least-squares objectives only)."""
         out = jnp.zeros((), self.weights.dtype)
         for w, t in zip(self.weights, self.terms, strict=True):
-            if not isinstance(t, AbstractLeastSquaresTerm | MultiBandTerm) or not (
-                least_squares_term(t)
-            ):
+            if not isinstance(t, AbstractLeastSquaresTerm | MultiBandTerm) or not t.least_squares:
                 raise TypeError(f"{type(t).__name__} is not a least-squares term")
             out = out + w * t.constant()
         return out

@@ -8,10 +8,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.core import Tracer
 from jaxtyping import Array, Float, Int, Scalar
 
 from .._callback import host_callback
+from .._checks import POSITIVE, Domain
 from .._custom_types import FloatScalar, ScalarLike, as_float
 from ..source._geometry import (
     AbstractGeometry,
@@ -129,18 +129,6 @@ def topology_logdet(
     return float(value) if sign > 0 else math.nan
 
 
-def _check_positive(name: str, value: ScalarLike) -> FloatScalar:
-    """`value` as a float scalar, checked: > 0 (a ValueError; under `jit`, `eqx.error_if`)."""
-    v = as_float(value)
-    if v.ndim != 0:
-        raise ValueError(f"{name} must be a scalar, got shape {v.shape}")
-    if isinstance(v, Tracer):  # built under a transformation: checked at run time
-        return eqx.error_if(v, ~(v > 0), f"{name} must be > 0")
-    if not float(v) > 0:
-        raise ValueError(f"{name} must be > 0, got {float(v)}")
-    return v
-
-
 class ConstantRegularization(AbstractRegularization):
     """Constant gradient regularization: `s^T H s = lambda sum_(i,j) (s_i - s_j)^2` over
     every pair of neighbouring pixels (mesh rows and columns; Delaunay edges), plus a ridge
@@ -148,11 +136,12 @@ class ConstantRegularization(AbstractRegularization):
     `Constant`). `coefficient` is `lambda` (> 0, dimensionless per (flux/arcsec^2)^-2)."""
 
     bounds: ClassVar[dict[str, tuple[float, float]]] = {"coefficient": _POSITIVE}
+    domain: ClassVar[dict[str, Domain]] = {"coefficient": POSITIVE}
     fixed_sparsity: ClassVar[bool] = True
     coefficient: FloatScalar
 
     def __init__(self, coefficient: ScalarLike = 1.0):
-        self.coefficient = _check_positive("ConstantRegularization.coefficient", coefficient)
+        self.coefficient = as_float(coefficient)
 
     def matrix(
         self, geometry: AbstractGeometry, signal: Float[Array, " n"]
@@ -174,11 +163,12 @@ class CurvatureRegularization(AbstractRegularization):
     `ConstantRegularization`. `coefficient` is `lambda` (> 0)."""
 
     bounds: ClassVar[dict[str, tuple[float, float]]] = {"coefficient": _POSITIVE}
+    domain: ClassVar[dict[str, Domain]] = {"coefficient": POSITIVE}
     fixed_sparsity: ClassVar[bool] = True
     coefficient: FloatScalar
 
     def __init__(self, coefficient: ScalarLike = 1.0):
-        self.coefficient = _check_positive("CurvatureRegularization.coefficient", coefficient)
+        self.coefficient = as_float(coefficient)
 
     def matrix(
         self, geometry: AbstractGeometry, signal: Float[Array, " n"]
@@ -216,6 +206,11 @@ class AdaptiveBrightness(AbstractRegularization):
         "outer_coefficient": _POSITIVE,
         "signal_scale": (0.0, 10.0),
     }
+    domain: ClassVar[dict[str, Domain]] = {
+        "inner_coefficient": POSITIVE,
+        "outer_coefficient": POSITIVE,
+        "signal_scale": POSITIVE,
+    }
     uses_signal: ClassVar[bool] = True
     fixed_sparsity: ClassVar[bool] = True
     inner_coefficient: FloatScalar
@@ -228,13 +223,9 @@ class AdaptiveBrightness(AbstractRegularization):
         outer_coefficient: ScalarLike = 1.0,
         signal_scale: ScalarLike = 1.0,
     ):
-        self.inner_coefficient = _check_positive(
-            "AdaptiveBrightness.inner_coefficient", inner_coefficient
-        )
-        self.outer_coefficient = _check_positive(
-            "AdaptiveBrightness.outer_coefficient", outer_coefficient
-        )
-        self.signal_scale = _check_positive("AdaptiveBrightness.signal_scale", signal_scale)
+        self.inner_coefficient = as_float(inner_coefficient)
+        self.outer_coefficient = as_float(outer_coefficient)
+        self.signal_scale = as_float(signal_scale)
 
     def _entries(self, geometry: AbstractGeometry, signal: Float[Array, " n"]) -> SparseSymmetric:
         w = brightness_weights(
@@ -302,6 +293,7 @@ class MaternKernel(AbstractRegularization):
         "coefficient": _POSITIVE,
         "scale": _POSITIVE,
     }
+    domain: ClassVar[dict[str, Domain]] = {"coefficient": POSITIVE, "scale": POSITIVE}
     fixed_sparsity: ClassVar[bool] = True
     coefficient: FloatScalar
     scale: FloatScalar
@@ -317,8 +309,8 @@ class MaternKernel(AbstractRegularization):
     ):
         if float(nu) not in (0.5, 1.5, 2.5):
             raise ValueError(f"MaternKernel.nu must be 0.5, 1.5 or 2.5, got {nu}")
-        self.coefficient = _check_positive("MaternKernel.coefficient", coefficient)
-        self.scale = _check_positive("MaternKernel.scale", scale)
+        self.coefficient = as_float(coefficient)
+        self.scale = as_float(scale)
         self.nu = float(nu)
         self.jitter = float(jitter)
 
@@ -339,6 +331,7 @@ class ExponentialKernel(AbstractRegularization):
         "coefficient": _POSITIVE,
         "scale": _POSITIVE,
     }
+    domain: ClassVar[dict[str, Domain]] = {"coefficient": POSITIVE, "scale": POSITIVE}
     fixed_sparsity: ClassVar[bool] = True
     coefficient: FloatScalar
     scale: FloatScalar
@@ -347,8 +340,8 @@ class ExponentialKernel(AbstractRegularization):
     def __init__(
         self, coefficient: ScalarLike = 1.0, scale: ScalarLike = 0.1, jitter: float = 1e-6
     ):
-        self.coefficient = _check_positive("ExponentialKernel.coefficient", coefficient)
-        self.scale = _check_positive("ExponentialKernel.scale", scale)
+        self.coefficient = as_float(coefficient)
+        self.scale = as_float(scale)
         self.jitter = float(jitter)
 
     def matrix(

@@ -21,7 +21,6 @@ from .._checks import is_traced
 from .._resources import check_memory_maps
 from .._sharding import check_mesh, lapack_batches_deadlock, replicate, shard, split_grids
 from ..objective import Objective, Parametrisation
-from ..objective._objective import least_squares_term
 from ..objective._params import Bounds, Where, linear_leaves
 from ..terms import UniformPrior
 from ._result import RESULTS, FitResult
@@ -70,7 +69,7 @@ def _resolve(
         obj, name = solver, type(solver).__name__
     if isinstance(obj, optx.AbstractLeastSquaresSolver):
         if not objective.least_squares:
-            bad = [type(t).__name__ for t in objective.terms if not least_squares_term(t)]
+            bad = [type(t).__name__ for t in objective.terms if not t.least_squares]
             raise ValueError(
                 f"{name} is a least-squares solver, but {', '.join(bad)} has no whitened "
                 "residuals: use a minimiser such as solver='bfgs', 'lbfgs' or 'adam'"

@@ -1,11 +1,15 @@
 """Saving and loading models and fit results: equinox serialisation plus readable JSON."""
 
+import io
 import json
 import os
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
 import equinox as eqx
+import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import PyTree
@@ -15,23 +19,127 @@ from .._lens_system import LensSystem
 from .._multiband import MultiBandLensSystem
 from ..light import AbstractLightProfile, LightSum
 from ..mass import MassSum
+from ..objective._params import _child
 from ..source import PixelizedSource
 from ._result import FitResult
 
+#: The first bytes of a file written by `save` (then the layout, then equinox's leaves).
+_MAGIC = b"EQUILENS-TREE\n"
+
+
+def _dtype(leaf: Any) -> np.dtype:
+    return leaf.dtype if isinstance(leaf, jax.Array | np.ndarray) else np.result_type(leaf)
+
+
+def _layout(tree: PyTree[Any]) -> list[str]:
+    """One line per leaf that `save` writes (equinox writes every array-like leaf, in
+    order): the classes from the root down to the leaf, its path, shape and kind of dtype
+    (`f`, `i`, `b`, `c`: float32 and float64 files load into each other's models)."""
+    out = []
+    for path, leaf in jtu.tree_leaves_with_path(tree):
+        if not eqx.is_array_like(leaf):
+            continue
+        node: Any = tree
+        classes = [type(tree).__name__]
+        for key in path:
+            try:
+                node = _child(node, key)
+            except KeyError:  # (a key of another kind: no further classes)
+                break
+            if isinstance(node, eqx.Module):
+                classes.append(type(node).__name__)
+        shape = "x".join(map(str, np.shape(leaf))) or "scalar"
+        out.append(f"{'/'.join(classes)} {jtu.keystr(path)} {shape} {_dtype(leaf).kind}")
+    return out
+
 
 def save(path: str | os.PathLike, tree: PyTree[Any]) -> None:
-    """Writes the array leaves of `tree` (a model or a `FitResult`) to `path` with
-    `equinox.tree_serialise_leaves`; read them back with `load(path, like)`."""
-    eqx.tree_serialise_leaves(str(path), tree)
+    """Writes the array leaves of `tree` (a model or a `FitResult`) to `path`, after a
+    description of the tree's layout (its classes, leaf paths and shapes) and a checksum
+    of the leaves, in one step (an interrupted save leaves the previous file or none); read
+    it back with `load(path, like)`."""
+    leaves = io.BytesIO()
+    eqx.tree_serialise_leaves(leaves, tree)
+    payload = leaves.getvalue()
+    dtypes = [_dtype(leaf).name for leaf in jax.tree.leaves(tree) if eqx.is_array_like(leaf)]
+    header = {"format": 1, "crc32": zlib.crc32(payload), "leaves": _layout(tree)}
+    header = json.dumps(header | {"dtypes": dtypes}).encode()
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(_MAGIC + len(header).to_bytes(8, "little") + header + payload)
 
 
 def load(path: str | os.PathLike, like: PyTree[Any]) -> PyTree[Any]:
     """Reads leaves saved by `save` into a pytree with the structure of `like` (e.g. the
-    starting model, or the `FitResult` of the same fit set-up). Raises `ValueError` when
-    the file does not exist."""
+    starting model, or the `FitResult` of the same fit set-up), cast to `like`'s dtypes (a
+    float64 save loads into a float32 model). Raises `ValueError` when the file does not
+    exist, is not a saved tree, is damaged or truncated (its checksum), or was saved from a
+    tree of another layout (other classes, leaves or shapes: the message names the first
+    difference): it never loads one model's numbers into another's fields. (Files written
+    by equinox's `tree_serialise_leaves`, as `save` did before equilens 0.1.1, load too;
+    for them only the number and size of the leaves can be checked.)"""
     if not os.path.isfile(path):
         raise ValueError(f"no saved model at {path}")
-    return eqx.tree_deserialise_leaves(str(path), like)
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw.startswith(_MAGIC):
+        start = len(_MAGIC) + 8
+        n = int.from_bytes(raw[len(_MAGIC) : start], "little")
+        try:
+            header = json.loads(raw[start : start + n].decode())
+            saved, crc = list(header["leaves"]), int(header["crc32"])
+            dtypes = [np.dtype(name) for name in header["dtypes"]]
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}: the saved layout is damaged") from None
+        payload = raw[start + n :]
+        if zlib.crc32(payload) != crc:
+            raise ValueError(f"{path} is damaged or truncated (its checksum does not match)")
+        wanted = _layout(like)
+        if saved != wanted:
+            first = next(
+                (k for k, (a, b) in enumerate(zip(saved, wanted, strict=False)) if a != b),
+                min(len(saved), len(wanted)),
+            )
+            got = saved[first] if first < len(saved) else "nothing"
+            want = wanted[first] if first < len(wanted) else "nothing"
+            raise ValueError(
+                f"{path} was saved from another layout than `like` ({len(saved)} leaves "
+                f"saved, {len(wanted)} wanted); leaf {first}: saved {got!r}, `like` has "
+                f"{want!r}"
+            )
+        # read in the saved dtypes (equinox refuses others), then cast to `like`'s
+        stand_in = iter(dtypes)
+        into = jtu.tree_map(
+            lambda x: np.zeros(np.shape(x), next(stand_in)) if eqx.is_array_like(x) else x, like
+        )
+    else:
+        payload, into = raw, like
+    f = io.BytesIO(payload)
+    try:
+        tree = eqx.tree_deserialise_leaves(f, into)
+    except (RuntimeError, ValueError, EOFError, OSError) as err:
+        cause = err.__cause__ or err.__context__ or err
+        raise ValueError(
+            f"{path}: cannot read the saved leaves into `like` ({cause}): not a saved tree, "
+            "damaged, or saved from another model"
+        ) from None
+    if f.read(1):
+        raise ValueError(f"{path} holds more leaves than `like`: saved from another model")
+    return jtu.tree_map(_like_dtype, tree, like)
+
+
+def _like_dtype(new: Any, old: Any) -> Any:
+    """A loaded leaf as the type and dtype of `like`'s."""
+    if isinstance(old, jax.Array):
+        return jnp.asarray(new, dtype=old.dtype)
+    if isinstance(old, np.ndarray | np.generic):
+        return (
+            np.asarray(new, dtype=old.dtype)[()]
+            if np.ndim(old) == 0
+            else np.asarray(new, old.dtype)
+        )
+    if isinstance(old, bool | int | float | complex):
+        return type(old)(np.asarray(new).item())
+    return new
 
 
 def _components(node: Any) -> tuple[Any, ...]:

@@ -67,14 +67,21 @@ def lens_bounds(model: LensSystem, mask_radius: float) -> dict[Any, tuple[float,
     return out
 
 
-def _positions_term(positions: Any, sigma: float | None, pixel_scale: float) -> PositionsTerm:
-    """The source-plane `PositionsTerm` of `fit_lens`'s `positions` (`(n >= 2, 2)`, arcsec)
-    with 1-sigma `sigma` (default a pixel)."""
+def _checked_positions(positions: Any) -> np.ndarray:
+    """`positions` (the images of one source point, x and y in arcsec) as a float `(n, 2)`
+    array; `ValueError` unless n >= 2 and every value is finite."""
     pos = np.asarray(positions, dtype=float)
     if pos.ndim != 2 or pos.shape[1] != 2 or pos.shape[0] < 2:
         raise ValueError(f"positions must have shape (n >= 2, 2), got {pos.shape}")
     if not np.isfinite(pos).all():
         raise ValueError("positions must be finite")
+    return pos
+
+
+def _positions_term(positions: Any, sigma: float | None, pixel_scale: float) -> PositionsTerm:
+    """The source-plane `PositionsTerm` of `fit_lens`'s `positions` (`(n >= 2, 2)`, arcsec)
+    with 1-sigma `sigma` (default a pixel)."""
+    pos = _checked_positions(positions)
     s = pixel_scale if sigma is None else float(sigma)
     if not s > 0:
         raise ValueError(f"positions_sigma must be > 0 arcsec, got {sigma}")
@@ -436,9 +443,7 @@ def fit_pixelized(
     stages: list[dict[str, Any]] = []
     guard: tuple[Any, ...] = ()
     if positions is not None:
-        pos = np.asarray(positions, dtype=float)
-        if pos.ndim != 2 or pos.shape[1] != 2 or pos.shape[0] < 2 or not np.isfinite(pos).all():
-            raise ValueError(f"positions must be a finite (n >= 2, 2) array, got shape {pos.shape}")
+        pos = _checked_positions(positions)
         guard = (threshold_term(model, pos, positions_threshold),)
         say(
             f"  positions: {pos.shape[0]} images held within "
@@ -563,9 +568,7 @@ def fit_multiband_pixelized(
     term = MultiBandTerm(terms, data.names)
     guard: tuple[Any, ...] = ()
     if positions is not None:
-        pos = np.asarray(positions, dtype=float)
-        if pos.ndim != 2 or pos.shape[1] != 2 or pos.shape[0] < 2 or not np.isfinite(pos).all():
-            raise ValueError(f"positions must be a finite (n >= 2, 2) array, got shape {pos.shape}")
+        pos = _checked_positions(positions)
         guard = (threshold_term(start.band(0), pos, positions_threshold),)
     objective = Objective([term, *guard])
     stages: list[dict[str, Any]] = []

@@ -7,6 +7,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Scalar
 
+from .._checks import Domain, check_fields
 from .._custom_types import GridArray, as_float
 from ..light import AbstractLightProfile
 from ._geometry import AbstractGeometry, SparseSymmetric
@@ -29,6 +30,10 @@ class AbstractRegularization(eqx.Module):
 
     bounds: ClassVar[dict[str, tuple[float, float]]] = {}
     fixed: ClassVar[tuple[str, ...]] = ()
+    #: The allowed values of each floating field (`equilens._checks.Domain`), checked where
+    #: the regularization is built (a `ValueError`; under `jit`, `eqx.error_if`); every
+    #: floating field must be finite, and a `FloatScalar` field a scalar.
+    domain: ClassVar[dict[str, Domain]] = {}
     #: Whether `matrix` uses the brightness `signal` (the inversion skips computing it if not).
     uses_signal: ClassVar[bool] = False
     #: Whether `H`'s zero entries stay zero whatever the parameters (its derivative is zero
@@ -36,6 +41,9 @@ class AbstractRegularization(eqx.Module):
     #: envelope of `F + H` (a selected inverse). True for every built-in regularization;
     #: leave it False for a custom `H` whose pattern of zeros can change.
     fixed_sparsity: ClassVar[bool] = False
+
+    def __check_init__(self):
+        check_fields(self, self.domain)
 
     @abc.abstractmethod
     def matrix(

@@ -21,6 +21,12 @@ class AbstractTerm(eqx.Module):
     def __call__(self, model: PyTree[Any]) -> Scalar:
         """The term's value (a negative log probability) for `model`."""
 
+    @property
+    def least_squares(self) -> bool:
+        """Whether the term is `0.5 |r|^2 + constant` with whitened residuals `r` (see
+        `AbstractLeastSquaresTerm`): least-squares solvers need every term to be."""
+        return False
+
 
 class AbstractDataTerm(AbstractTerm):
     """A likelihood of data given the model (as opposed to a prior): it reports its chi2
@@ -50,6 +56,10 @@ class AbstractLeastSquaresTerm(AbstractTerm):
     """A term of the form `0.5 sum r^2 + constant` with whitened residuals `r`: Gaussian
     likelihoods and priors. Least-squares solvers (Levenberg-Marquardt) need every term of
     an objective to be of this kind."""
+
+    @property
+    def least_squares(self) -> bool:
+        return True
 
     @abc.abstractmethod
     def residuals(self, model: PyTree[Any]) -> Float[Array, " n"]:
