@@ -80,9 +80,16 @@ def check_fields(module: Any, domain: Mapping[str, Domain]) -> None:
         if not eqx.is_inexact_array(value):
             continue
         if f.type is FloatScalar and value.ndim != 0:
+            from .mass import AbstractMassProfile
+
+            many = isinstance(module, AbstractMassProfile)
             raise ValueError(
-                f"{name}.{f.name} must be a scalar, got shape {value.shape} (many profiles "
-                "of one class at once: equilens.mass.MassBatch.stack)"
+                f"{name}.{f.name} must be a scalar, got shape {value.shape}"
+                + (
+                    " (many profiles of one class at once: equilens.mass.MassBatch.stack)"
+                    if many
+                    else ""
+                )
             )
         allowed = domain.get(f.name, Domain())
         v = value if is_traced(value) else np.asarray(value)
