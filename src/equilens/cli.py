@@ -111,6 +111,8 @@ def _positions(path: str | None):
         return None
     import numpy as np
 
+    from .solve._pipeline import _checked_positions
+
     if not os.path.exists(path):
         raise ValueError(f"positions file not found: {path}")
     try:
@@ -119,9 +121,10 @@ def _positions(path: str | None):
             pos = np.loadtxt(path, ndmin=2)
     except (ValueError, UserWarning) as err:
         raise ValueError(f"cannot read --positions {path}: {err}") from None
-    if pos.shape[1] != 2 or pos.shape[0] < 2:
-        raise ValueError(f"--positions needs two columns (x y) and >= 2 rows, got {pos.shape}")
-    return pos
+    try:
+        return _checked_positions(pos)
+    except ValueError as err:
+        raise ValueError(f"--positions {path}: two columns (x y), >= 2 rows: {err}") from None
 
 
 MESHES = ("rectangular", "adaptive", "delaunay")
@@ -996,8 +999,6 @@ def _check_model(args, imaging, positions) -> list[str]:
         f"solver: {args.solver}",
     ]
     if positions is not None:
-        if not np.all(np.isfinite(positions)):
-            raise ValueError("--positions must be finite numbers")
         lines.append(f"positions: {len(positions)} images")
     if pixelized:
         name = "constant" if args.regularization is None else args.regularization

@@ -31,11 +31,12 @@ def _dtype(leaf: Any) -> np.dtype:
     return leaf.dtype if isinstance(leaf, jax.Array | np.ndarray) else np.result_type(leaf)
 
 
-def _layout(tree: PyTree[Any]) -> list[str]:
+def _layout(tree: PyTree[Any]) -> tuple[list[str], list[str]]:
     """One line per leaf that `save` writes (equinox writes every array-like leaf, in
     order): the classes from the root down to the leaf, its path, shape and kind of dtype
-    (`f`, `i`, `b`, `c`: float32 and float64 files load into each other's models)."""
-    out = []
+    (`f`, `i`, `b`, `c`: float32 and float64 files load into each other's models); and
+    each leaf's dtype name."""
+    out, dtypes = [], []
     for path, leaf in jtu.tree_leaves_with_path(tree):
         if not eqx.is_array_like(leaf):
             continue
@@ -50,7 +51,8 @@ def _layout(tree: PyTree[Any]) -> list[str]:
                 classes.append(type(node).__name__)
         shape = "x".join(map(str, np.shape(leaf))) or "scalar"
         out.append(f"{'/'.join(classes)} {jtu.keystr(path)} {shape} {_dtype(leaf).kind}")
-    return out
+        dtypes.append(_dtype(leaf).name)
+    return out, dtypes
 
 
 def save(path: str | os.PathLike, tree: PyTree[Any]) -> None:
@@ -61,9 +63,9 @@ def save(path: str | os.PathLike, tree: PyTree[Any]) -> None:
     leaves = io.BytesIO()
     eqx.tree_serialise_leaves(leaves, tree)
     payload = leaves.getvalue()
-    dtypes = [_dtype(leaf).name for leaf in jax.tree.leaves(tree) if eqx.is_array_like(leaf)]
-    header = {"format": 1, "crc32": zlib.crc32(payload), "leaves": _layout(tree)}
-    header = json.dumps(header | {"dtypes": dtypes}).encode()
+    lines, dtypes = _layout(tree)
+    header = {"format": 1, "crc32": zlib.crc32(payload), "leaves": lines, "dtypes": dtypes}
+    header = json.dumps(header).encode()
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(_MAGIC + len(header).to_bytes(8, "little") + header + payload)
 
@@ -93,7 +95,7 @@ def load(path: str | os.PathLike, like: PyTree[Any]) -> PyTree[Any]:
         payload = raw[start + n :]
         if zlib.crc32(payload) != crc:
             raise ValueError(f"{path} is damaged or truncated (its checksum does not match)")
-        wanted = _layout(like)
+        wanted, _ = _layout(like)
         if saved != wanted:
             first = next(
                 (k for k, (a, b) in enumerate(zip(saved, wanted, strict=False)) if a != b),
