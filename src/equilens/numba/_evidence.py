@@ -52,6 +52,7 @@ from ..source._geometry import (
     gram_values,
 )
 from ..source._inversion import _NONNEG_ITERATIONS
+from ..source._mesh import CENTRES_MARGIN
 from ..source._sparse import sparse_tables, table_arrays
 from ..terms import LogEvidence
 from ._api import DEFLECTION, mass_rows, scalar
@@ -70,6 +71,7 @@ class Rectilinear(NamedTuple):
     xs: Float[np.ndarray, " nx"]
     ys: Float[np.ndarray, " ny"]
     uniform: bool
+    extrapolate: bool = False
 
     @property
     def n_pixels(self) -> int:
@@ -85,7 +87,9 @@ class Rectilinear(NamedTuple):
         idx = np.empty((x.size, 4), np.int64)
         w = np.empty((x.size, 4))
         with _LOCK:
-            lk.rectilinear_weights(x, y, idx, w, self.xs, self.ys, self.uniform, EDGE_SLACK)
+            lk.rectilinear_weights(
+                x, y, idx, w, self.xs, self.ys, self.uniform, self.extrapolate, EDGE_SLACK
+            )
         return idx, w
 
 
@@ -186,13 +190,15 @@ def regularization_matrix(
 @register_mesh(RectangularMesh)
 def _rectangular(mesh: RectangularMesh, mass: Any, x: np.ndarray, y: np.ndarray) -> Rectilinear:
     del mass
-    ny, nx = mesh.shape
     if mesh.bounds is None:
         x0, x1, y0, y1 = np.min(x), np.max(x), np.min(y), np.max(y)
+        if mesh.nodes == "centres":
+            m = CENTRES_MARGIN
+            x0, x1, y0, y1 = x0 - m, x1 + m, y0 - m, y1 + m
     else:
         x0, x1, y0, y1 = mesh.bounds
-    tx, ty = np.linspace(0.0, 1.0, nx), np.linspace(0.0, 1.0, ny)
-    return Rectilinear(x0 + (x1 - x0) * tx, y0 + (y1 - y0) * ty, True)
+    tx, ty = mesh.node_fractions()
+    return Rectilinear(x0 + (x1 - x0) * tx, y0 + (y1 - y0) * ty, True, mesh.nodes == "centres")
 
 
 @register_mesh(AdaptiveRectangularMesh)
@@ -246,31 +252,33 @@ def _with_ridge(entries: tuple, ridge: np.ndarray) -> tuple:
     )
 
 
-def _difference_prior(coefficient: float, geometry: Geometry, order: int) -> tuple[Any, float]:
-    # `_scaled_entries` / `_scaled` of equilens.regularization: lambda (G^T G + RIDGE I)
+def _difference_prior(
+    coefficient: float, geometry: Geometry, order: int, ridge: float = RIDGE
+) -> tuple[Any, float]:
+    # `_scaled_entries` / `_scaled` of equilens.regularization: lambda (G^T G + ridge I)
     n = geometry.n_pixels
     log_c = n * math.log(coefficient) if coefficient > 0 else math.nan
     if isinstance(geometry, Rectilinear):
-        r, c, v, logdet0 = _rect_entries(geometry.ys.size, geometry.xs.size, order)
+        r, c, v, logdet0 = _rect_entries(geometry.ys.size, geometry.xs.size, order, ridge)
         return (r, c, coefficient * v), log_c + logdet0
     rows = _gradient_rows(geometry)
-    logdet0 = topology_logdet(*rows, n, order)
+    logdet0 = topology_logdet(*rows, n, order, ridge)
     if order == 1:
-        r, c, v = _with_ridge(gram_values(np, *rows), np.full(n, RIDGE))
+        r, c, v = _with_ridge(gram_values(np, *rows), np.full(n, ridge))
         return (r, c, coefficient * v), log_c + logdet0
     # the squared graph Laplacian, dense (as `TriangulationGeometry.curvature_matrix`)
     lap = np.zeros((n, n))
     r, c, v = gram_values(np, *rows)
     np.add.at(lap, (r, c), v)
     np.add.at(lap, (c, r), np.where(r == c, 0.0, v))
-    h0 = lap.T @ lap + RIDGE * np.eye(n)
+    h0 = lap.T @ lap + ridge * np.eye(n)
     return coefficient * h0, log_c + logdet0
 
 
 @register_regularization(ConstantRegularization)
 def _constant(reg: ConstantRegularization, geometry: Geometry, signal: np.ndarray):
     del signal
-    return _difference_prior(scalar(reg, "coefficient"), geometry, 1)
+    return _difference_prior(scalar(reg, "coefficient"), geometry, 1, reg.ridge)
 
 
 @register_regularization(CurvatureRegularization)

@@ -83,9 +83,9 @@ def shapelets(x, y, out, n_max, beta, cx, cy, n1, n2):
 
 @numba.njit(**_OPTIONS)
 @no_type_check
-def _cell(edges, v, uniform):
-    # (cell index clipped to the mesh, fractional position in it): `_cell` and
-    # `_uniform_cell` of `equilens.source._geometry`
+def _cell(edges, v, uniform, extrapolate):
+    # (cell index clipped to the mesh, fractional position in it, clipped to [0, 1] unless
+    # `extrapolate`): `_cell` and `_uniform_cell` of `equilens.source._geometry`
     n = edges.size - 1
     if uniform:
         span = edges[n] - edges[0]
@@ -93,29 +93,36 @@ def _cell(edges, v, uniform):
         if math.isnan(u):
             return 0, 0.0
         i = min(max(math.floor(u), 0.0), n - 1.0)
-        return int(i), min(max(u - i, 0.0), 1.0)
+        return int(i), (u - i) if extrapolate else min(max(u - i, 0.0), 1.0)
     i = np.searchsorted(edges, v, side="right") - 1
     i = min(max(i, 0), n - 1)
     lo, hi = edges[i], edges[i + 1]
     width = hi - lo
-    return i, min(max((v - lo) / (width if width > 0 else 1.0), 0.0), 1.0)
+    t = (v - lo) / (width if width > 0 else 1.0)
+    return i, t if extrapolate else min(max(t, 0.0), 1.0)
 
 
 @numba.njit(**_OPTIONS)
 @no_type_check
-def _slack(edges, slack):
-    return slack * np.finfo(np.float64).eps * (abs(edges[0]) + abs(edges[edges.size - 1]))
+def _reach(edges, slack, extrapolate):
+    # (the interval a rectilinear axis covers, widened by `slack` round-off units):
+    # `_on_edges` of `equilens.source._geometry`
+    n = edges.size - 1
+    lo, hi = edges[0], edges[n]
+    if extrapolate:
+        lo, hi = lo - 0.5 * (edges[1] - edges[0]), hi + 0.5 * (edges[n] - edges[n - 1])
+    s = slack * np.finfo(np.float64).eps * (abs(lo) + abs(hi))
+    return lo - s, hi + s
 
 
 @numba.njit(**_OPTIONS)
 @no_type_check
-def _bilinear(xs, ys, xi, yi, uniform, sx, sy):
+def _bilinear(xs, ys, xi, yi, uniform, extrapolate, rx, ry):
     # (the index of the cell's lower-left node, the weights of its four corners: zero
-    # outside the mesh, beyond the slacks `sx`, `sy`): `RectilinearGeometry.interpolation`
-    inside = (xi >= xs[0] - sx) and (xi <= xs[xs.size - 1] + sx)
-    inside = inside and (yi >= ys[0] - sy) and (yi <= ys[ys.size - 1] + sy)
-    ix, tx = _cell(xs, xi, uniform)
-    iy, ty = _cell(ys, yi, uniform)
+    # outside the reaches `rx`, `ry` of `_reach`): `RectilinearGeometry.interpolation`
+    inside = (xi >= rx[0]) and (xi <= rx[1]) and (yi >= ry[0]) and (yi <= ry[1])
+    ix, tx = _cell(xs, xi, uniform, extrapolate)
+    iy, ty = _cell(ys, yi, uniform, extrapolate)
     b = iy * xs.size + ix
     if not inside:
         return b, 0.0, 0.0, 0.0, 0.0
@@ -124,13 +131,14 @@ def _bilinear(xs, ys, xi, yi, uniform, sx, sy):
 
 @numba.njit(**_PARALLEL)
 @no_type_check
-def rectilinear_values(x, y, out, xs, ys, values, uniform, slack):
+def rectilinear_values(x, y, out, xs, ys, values, uniform, extrapolate, slack):
     """A rectilinear mesh's values interpolated bilinearly at `(x, y)` (0 outside the
-    mesh, beyond `slack` times round-off of its edges: `EDGE_SLACK`)."""
+    mesh, beyond `slack` times round-off of its edges: `EDGE_SLACK`; extrapolated half a
+    spacing beyond its outer nodes if `extrapolate`)."""
     nx = xs.size
-    sx, sy = _slack(xs, slack), _slack(ys, slack)
+    rx, ry = _reach(xs, slack, extrapolate), _reach(ys, slack, extrapolate)
     for i in numba.prange(x.size):
-        b, w0, w1, w2, w3 = _bilinear(xs, ys, x[i], y[i], uniform, sx, sy)
+        b, w0, w1, w2, w3 = _bilinear(xs, ys, x[i], y[i], uniform, extrapolate, rx, ry)
         if w0 == 0.0 and w1 == 0.0 and w2 == 0.0 and w3 == 0.0:
             out[0, i] = 0.0
             continue
@@ -141,12 +149,12 @@ def rectilinear_values(x, y, out, xs, ys, values, uniform, slack):
 
 @numba.njit(**_PARALLEL)
 @no_type_check
-def rectilinear_weights(x, y, idx, w, xs, ys, uniform, slack):
+def rectilinear_weights(x, y, idx, w, xs, ys, uniform, extrapolate, slack):
     """The node indices `idx` (`(m, 4)`) and bilinear weights `w` of points `(x, y)` on a
     rectilinear mesh, as `RectilinearGeometry.interpolation` (zero weights outside)."""
     nx = xs.size
-    sx, sy = _slack(xs, slack), _slack(ys, slack)
+    rx, ry = _reach(xs, slack, extrapolate), _reach(ys, slack, extrapolate)
     for i in numba.prange(x.size):
-        b, w0, w1, w2, w3 = _bilinear(xs, ys, x[i], y[i], uniform, sx, sy)
+        b, w0, w1, w2, w3 = _bilinear(xs, ys, x[i], y[i], uniform, extrapolate, rx, ry)
         idx[i, 0], idx[i, 1], idx[i, 2], idx[i, 3] = b, b + 1, b + nx, b + nx + 1
         w[i, 0], w[i, 1], w[i, 2], w[i, 3] = w0, w1, w2, w3

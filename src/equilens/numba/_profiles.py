@@ -127,9 +127,8 @@ def _pixelized(light, x, y):
     values = vector(light, "values")
     if isinstance(geometry, RectilinearGeometry):
         xs, ys = vector(geometry, "xs"), vector(geometry, "ys")
-        return _run(
-            lk.rectilinear_values, x, y, 1, xs, ys, values, bool(geometry.uniform), EDGE_SLACK
-        )[0]
+        flags = bool(geometry.uniform), bool(geometry.extrapolate)
+        return _run(lk.rectilinear_values, x, y, 1, xs, ys, values, *flags, EDGE_SLACK)[0]
     if isinstance(geometry, TriangulationGeometry):
         # barycentric weights in the triangle (scipy's point location, as the JAX side's
         # host callback); the nearest node outside the convex hull

@@ -26,17 +26,20 @@ from ..source._pixelized import AbstractRegularization
 
 #: Ridge added to the (singular) difference operators: `H = lambda (G^T G + RIDGE I)`, so
 #: that `H` is positive definite and `log det H` finite (the mean level of the source is
-#: otherwise unconstrained by a gradient or curvature prior). As PyAutoLens (1e-8).
+#: otherwise unconstrained by a gradient or curvature prior). As PyAutoLens (1e-8), which
+#: adds it unscaled: `ConstantRegularization(ridge=...)` sets it.
 RIDGE = 1e-8
 
 _POSITIVE = (0.0, math.inf)
 
 
 @functools.cache
-def _rect_entries(ny: int, nx: int, order: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """The upper triangle's non-zeros of `G^T G + RIDGE I` on an `ny x nx` rectilinear mesh
+def _rect_entries(
+    ny: int, nx: int, order: int, ridge: float = RIDGE
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """The upper triangle's non-zeros of `G^T G + ridge I` on an `ny x nx` rectilinear mesh
     (rows, columns, values; NumPy, computed once per shape) and its log det."""
-    h0 = rect_operator_matrix(ny, nx, order) + RIDGE * np.eye(ny * nx)
+    h0 = rect_operator_matrix(ny, nx, order) + ridge * np.eye(ny * nx)
     sign, value = np.linalg.slogdet(h0)
     assert sign > 0
     rows, cols = np.nonzero(np.triu(h0))
@@ -55,9 +58,9 @@ def _with_ridge(h: SparseSymmetric, ridge: Float[Array, " n"]) -> SparseSymmetri
 
 
 def _scaled_entries(
-    coefficient: FloatScalar, geometry: AbstractGeometry, order: int
+    coefficient: FloatScalar, geometry: AbstractGeometry, order: int, ridge: float = RIDGE
 ) -> tuple[SparseSymmetric, Scalar] | None:
-    """`lambda (G^T G + RIDGE I)` by entries and its log det (`order` 1: first differences,
+    """`lambda (G^T G + ridge I)` by entries and its log det (`order` 1: first differences,
     2: curvature); None for the curvature of a triangulation (its square of the graph
     Laplacian has no fixed-size pattern). For a rectilinear mesh the operator depends only
     on the shape, so `log det = n log lambda + log det H0` with `H0`'s computed once
@@ -65,32 +68,33 @@ def _scaled_entries(
     n = geometry.n_pixels
     dtype = coefficient.dtype
     if isinstance(geometry, RectilinearGeometry):
-        r, c, v, logdet0 = _rect_entries(*geometry.shape, order)
+        r, c, v, logdet0 = _rect_entries(*geometry.shape, order, ridge)
         entries = SparseSymmetric(r, c, coefficient * jnp.asarray(v, dtype), n)
         return entries, n * jnp.log(coefficient) + logdet0
     if order != 1:
         return None
     rows = geometry.gradient_rows()
-    h0 = _with_ridge(gram_entries(rows, n), jnp.full(n, RIDGE, dtype))
+    h0 = _with_ridge(gram_entries(rows, n), jnp.full(n, ridge, dtype))
     entries = SparseSymmetric(h0.rows, h0.cols, coefficient * h0.values, n)
-    return entries, n * jnp.log(coefficient) + _topology_logdet(rows, n, order, dtype)
+    return entries, n * jnp.log(coefficient) + _topology_logdet(rows, n, order, dtype, ridge)
 
 
 def _scaled(
-    coefficient: FloatScalar, geometry: AbstractGeometry, order: int
+    coefficient: FloatScalar, geometry: AbstractGeometry, order: int, ridge: float = RIDGE
 ) -> tuple[Float[Array, "n n"], Scalar]:
-    """`lambda (G^T G + RIDGE I)` (dense) and its log det."""
-    sparse = _scaled_entries(coefficient, geometry, order)
+    """`lambda (G^T G + ridge I)` (dense) and its log det."""
+    sparse = _scaled_entries(coefficient, geometry, order, ridge)
     if sparse is not None:
         return sparse[0].todense(), sparse[1]
     n = geometry.n_pixels
     rows = geometry.gradient_rows()
-    h0 = geometry.curvature_matrix() + RIDGE * jnp.eye(n, dtype=coefficient.dtype)
-    return coefficient * h0, n * jnp.log(coefficient) + _topology_logdet(rows, n, order, h0.dtype)
+    h0 = geometry.curvature_matrix() + ridge * jnp.eye(n, dtype=coefficient.dtype)
+    logdet0 = _topology_logdet(rows, n, order, h0.dtype, ridge)
+    return coefficient * h0, n * jnp.log(coefficient) + logdet0
 
 
-def _topology_logdet(rows: SparseRows, n: int, order: int, dtype) -> Scalar:
-    """`log det H0` for `H0 = G^T G + RIDGE I` (`order` 1) or `(G^T G)^2 + RIDGE I` (2: the
+def _topology_logdet(rows: SparseRows, n: int, order: int, dtype, ridge: float = RIDGE) -> Scalar:
+    """`log det H0` for `H0 = G^T G + ridge I` (`order` 1) or `(G^T G)^2 + ridge I` (2: the
     squared graph Laplacian, `curvature_matrix`), `G` the mesh's first-difference rows.
     `H0` depends on the mesh's topology only (integer edges), so it has no derivative:
     a sparse LU on the host (SciPy), about 1 ms at 1,000 nodes against 10 ms for a dense
@@ -98,14 +102,18 @@ def _topology_logdet(rows: SparseRows, n: int, order: int, dtype) -> Scalar:
     idx, coef = jax.lax.stop_gradient(rows)
 
     def host(idx, coef):
-        return np.asarray(topology_logdet(idx, coef, n, order), dtype)
+        return np.asarray(topology_logdet(idx, coef, n, order, ridge), dtype)
 
     out = jax.ShapeDtypeStruct((), dtype)
     return host_callback(host, out, idx, coef, vmap_method="sequential")
 
 
 def topology_logdet(
-    idx: Int[np.ndarray, "r k"], coef: Float[np.ndarray, "r k"], n: int, order: int
+    idx: Int[np.ndarray, "r k"],
+    coef: Float[np.ndarray, "r k"],
+    n: int,
+    order: int,
+    ridge: float = RIDGE,
 ) -> float:
     """`log det H0` of `_topology_logdet` for first-difference rows `(idx, coef)` (NumPy):
     a sparse LU with a symmetric ordering and no pivoting (the Cholesky pivots of a
@@ -119,7 +127,7 @@ def topology_logdet(
     h = (g.T @ g).tocsc()
     if order == 2:
         h = (h.T @ h).tocsc()
-    h = (h + RIDGE * sp.identity(n, format="csc")).tocsc()
+    h = (h + ridge * sp.identity(n, format="csc")).tocsc()
     lu = splu(h, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0, options={"SymmetricMode": True})
     d = lu.U.diagonal()
     if np.all(d > 0):
@@ -132,28 +140,51 @@ def topology_logdet(
 class ConstantRegularization(AbstractRegularization):
     """Constant gradient regularization: `s^T H s = lambda sum_(i,j) (s_i - s_j)^2` over
     every pair of neighbouring pixels (mesh rows and columns; Delaunay edges), plus a ridge
-    `lambda * 1e-8 sum s_i^2` that makes `H` invertible (Suyu et al. 2006; PyAutoLens's
-    `Constant`). `coefficient` is `lambda` (> 0, dimensionless per (flux/arcsec^2)^-2)."""
+    `lambda * ridge * sum s_i^2` (`ridge` 1e-8 by default) that makes `H` invertible (Suyu
+    et al. 2006; PyAutoLens's `Constant`). `coefficient` is `lambda` (> 0, dimensionless
+    per (flux/arcsec^2)^-2); `ridge` (static, > 0) is fixed when a fit varies `lambda`.
+    `ConstantRegularization.from_pyautolens` gives PyAutoLens's `Constant` exactly."""
 
     bounds: ClassVar[dict[str, tuple[float, float]]] = {"coefficient": _POSITIVE}
     domain: ClassVar[dict[str, Domain]] = {"coefficient": POSITIVE}
     fixed_sparsity: ClassVar[bool] = True
     coefficient: FloatScalar
+    ridge: float = eqx.field(static=True)
 
-    def __init__(self, coefficient: ScalarLike = 1.0):
+    def __init__(self, coefficient: ScalarLike = 1.0, ridge: float = RIDGE):
         self.coefficient = as_float(coefficient)
+        r = float(ridge)
+        if not (math.isfinite(r) and r > 0):
+            raise ValueError(
+                f"ConstantRegularization.ridge must be finite and in (0, inf), got {ridge!r}"
+            )
+        self.ridge = r
+
+    @classmethod
+    def from_pyautolens(cls, coefficient: float, pixel_scale: float) -> "ConstantRegularization":
+        """PyAutoLens's `al.reg.Constant(coefficient)` for data of `pixel_scale` arcsec per
+        pixel: its `H = c^2 G^T G + 1e-8 I` acts on source values in flux per image pixel
+        and equilens's on surface brightness per arcsec^2 (`a` = `pixel_scale^2` times
+        less), so `lambda = (a c)^2` and `ridge = 1e-8 / c^2` (every evidence term then
+        agrees: docs/pixelized.md, "equilens and PyAutoLens")."""
+        c, scale = float(coefficient), float(pixel_scale)
+        if not (math.isfinite(c) and c > 0):
+            raise ValueError(f"coefficient must be finite and in (0, inf), got {coefficient!r}")
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"pixel_scale must be finite and in (0, inf), got {pixel_scale!r}")
+        return cls((scale * scale * c) ** 2, ridge=RIDGE / (c * c))
 
     def matrix(
         self, geometry: AbstractGeometry, signal: Float[Array, " n"]
     ) -> tuple[Float[Array, "n n"], Scalar]:
         del signal
-        return _scaled(self.coefficient, geometry, 1)
+        return _scaled(self.coefficient, geometry, 1, self.ridge)
 
     def sparse_matrix(
         self, geometry: AbstractGeometry, signal: Float[Array, " n"]
     ) -> tuple[SparseSymmetric, Scalar] | None:
         del signal
-        return _scaled_entries(self.coefficient, geometry, 1)
+        return _scaled_entries(self.coefficient, geometry, 1, self.ridge)
 
 
 class CurvatureRegularization(AbstractRegularization):

@@ -151,6 +151,11 @@ class RectilinearGeometry(AbstractGeometry):
     Points are interpolated bilinearly from the four corners of their cell; points outside
     `[xs[0], xs[-1]] x [ys[0], ys[-1]]` (beyond round-off: `EDGE_SLACK`) get zero weights.
 
+    With `extrapolate=True` the geometry reaches half a node spacing beyond its outer nodes
+    (the nodes are then the centres of cells that tile a box, as PyAutoLens's
+    `RectangularUniform`): a point there is extrapolated linearly from the outermost cell
+    (weights outside `[0, 1]` that still sum to one); beyond, zero weights.
+
     With `uniform=True` (a `RectangularMesh`'s geometry) the coordinates are evenly spaced,
     `xs[i] = xs[0] + i (xs[-1] - xs[0]) / (nx - 1)` (likewise `ys`): a point's cell and its
     position in it are then computed from the first and last coordinates alone (no search,
@@ -161,6 +166,7 @@ class RectilinearGeometry(AbstractGeometry):
     xs: Float[Array, " nx"]
     ys: Float[Array, " ny"]
     uniform: bool = eqx.field(static=True, default=False)
+    extrapolate: bool = eqx.field(static=True, default=False)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -179,9 +185,9 @@ class RectilinearGeometry(AbstractGeometry):
     ) -> tuple[Int[Array, "m 4"], Float[Array, "m 4"]]:
         _ny, nx = self.shape
         cell = _uniform_cell if self.uniform else _cell
-        ix, tx = cell(self.xs, x)
-        iy, ty = cell(self.ys, y)
-        inside = _on_edges(self.xs, x) & _on_edges(self.ys, y)
+        ix, tx = cell(self.xs, x, self.extrapolate)
+        iy, ty = cell(self.ys, y, self.extrapolate)
+        inside = _on_edges(self.xs, x, self.extrapolate) & _on_edges(self.ys, y, self.extrapolate)
         base = iy * nx + ix
         idx = jnp.stack([base, base + 1, base + nx, base + nx + 1], axis=1)
         w = jnp.stack([(1 - tx) * (1 - ty), tx * (1 - ty), (1 - tx) * ty, tx * ty], axis=1)
@@ -202,23 +208,32 @@ class RectilinearGeometry(AbstractGeometry):
 EDGE_SLACK = 64
 
 
-def _on_edges(edges: Float[Array, " k"], v: Float[Array, " m"]) -> Bool[Array, " m"]:
-    """Whether `v` lies within `[edges[0], edges[-1]]`, to round-off (`EDGE_SLACK`)."""
-    slack = EDGE_SLACK * jnp.finfo(edges.dtype).eps * (jnp.abs(edges[0]) + jnp.abs(edges[-1]))
-    return (v >= edges[0] - slack) & (v <= edges[-1] + slack)
+def _on_edges(
+    edges: Float[Array, " k"], v: Float[Array, " m"], extrapolate: bool = False
+) -> Bool[Array, " m"]:
+    """Whether `v` lies within `[edges[0], edges[-1]]` (widened by half the first and last
+    spacings if `extrapolate`), to round-off (`EDGE_SLACK`)."""
+    lo, hi = edges[0], edges[-1]
+    if extrapolate:
+        lo, hi = lo - 0.5 * (edges[1] - edges[0]), hi + 0.5 * (edges[-1] - edges[-2])
+    slack = EDGE_SLACK * jnp.finfo(edges.dtype).eps * (jnp.abs(lo) + jnp.abs(hi))
+    return (v >= lo - slack) & (v <= hi + slack)
 
 
-def _cell(edges: Float[Array, " k"], v: Float[Array, " m"]) -> tuple[Int[Array, " m"], Array]:
-    """Cell index (clipped to the mesh) and fractional position in the cell."""
+def _cell(
+    edges: Float[Array, " k"], v: Float[Array, " m"], extrapolate: bool = False
+) -> tuple[Int[Array, " m"], Array]:
+    """Cell index (clipped to the mesh) and fractional position in the cell (clipped to
+    `[0, 1]` unless `extrapolate`)."""
     i = jnp.clip(jnp.searchsorted(edges, v, side="right") - 1, 0, edges.shape[0] - 2)
     lo, hi = edges[i], edges[i + 1]
     width = hi - lo
-    safe = jnp.where(width > 0, width, 1.0)
-    return i, jnp.clip((v - lo) / safe, 0.0, 1.0)
+    t = (v - lo) / jnp.where(width > 0, width, 1.0)
+    return i, t if extrapolate else jnp.clip(t, 0.0, 1.0)
 
 
 def _uniform_cell(
-    edges: Float[Array, " k"], v: Float[Array, " m"]
+    edges: Float[Array, " k"], v: Float[Array, " m"], extrapolate: bool = False
 ) -> tuple[Int[Array, " m"], Array]:
     """`_cell` for evenly spaced `edges`, from `edges[0]` and `edges[-1]` only."""
     n = edges.shape[0] - 1
@@ -226,7 +241,8 @@ def _uniform_cell(
     u = (v - edges[0]) * (n / jnp.where(span > 0, span, 1.0))
     # (a NaN point, e.g. from a solver's trial step, gets cell 0: it is outside the mesh)
     i = jnp.where(jnp.isnan(u), 0.0, jnp.clip(jnp.floor(u), 0, n - 1))
-    return i.astype(jnp.int32), jnp.clip(u - i, 0.0, 1.0)
+    t = u - i
+    return i.astype(jnp.int32), t if extrapolate else jnp.clip(t, 0.0, 1.0)
 
 
 # -- Delaunay: triangulation on the host (scipy), barycentric weights in JAX -------------------

@@ -50,6 +50,13 @@ class AbstractMesh(eqx.Module):
         """A geometry of the right shapes (zeros), for a source not yet solved."""
 
 
+#: Where a `RectangularMesh` puts its nodes in its box.
+NODE_PLACEMENTS = ("corners", "centres")
+#: How far (arcsec) a `RectangularMesh(nodes="centres")` widens the traced pixels' bounding
+#: box on each side, as PyAutoLens's `RectangularUniform` (its `overlay_grid_from` buffer).
+CENTRES_MARGIN = 1e-8
+
+
 class RectangularMesh(AbstractMesh):
     """A uniform rectangular mesh of `shape = (rows, columns)` nodes (values in row-major
     order, x along the columns), interpolated bilinearly.
@@ -57,16 +64,30 @@ class RectangularMesh(AbstractMesh):
     **Arguments:** `shape`; `bounds` (`(x_min, x_max, y_min, y_max)` in arcsec, fixed), or
     None (default) for the bounding box of the traced image pixels, recomputed for every
     mass model (so every mapped pixel lands on the mesh). With fixed bounds, image pixels
-    traced outside them carry no source light.
+    traced outside them carry no source light. `nodes`: "corners" (default) puts the outer
+    nodes on the box's edges; "centres" divides the box into `shape` cells with a node at
+    each cell's centre (PyAutoLens's `RectangularUniform`): points between the outer nodes
+    and the box's edges are extrapolated linearly from the outermost cells
+    (`RectilinearGeometry(extrapolate=True)`), and the bounding box of the traced pixels is
+    widened by `CENTRES_MARGIN` (1e-8 arcsec) on each side, as in PyAutoLens.
     """
 
     shape: tuple[int, int] = eqx.field(static=True)
     bounds: tuple[float, float, float, float] | None = eqx.field(static=True)
+    nodes: str = eqx.field(static=True)
 
     def __init__(
-        self, shape: tuple[int, int], bounds: tuple[float, float, float, float] | None = None
+        self,
+        shape: tuple[int, int],
+        bounds: tuple[float, float, float, float] | None = None,
+        nodes: str = "corners",
     ):
         self.shape = _check_shape("RectangularMesh", shape)
+        if nodes not in NODE_PLACEMENTS:
+            raise ValueError(
+                f"RectangularMesh.nodes must be one of {NODE_PLACEMENTS}, got {nodes!r}"
+            )
+        self.nodes = nodes
         if bounds is not None:
             b = tuple(float(v) for v in bounds)
             if len(b) != 4 or not (b[0] < b[1] and b[2] < b[3]):
@@ -85,21 +106,40 @@ class RectangularMesh(AbstractMesh):
         self, mass: AbstractMassProfile, x: Float[Array, " m"], y: Float[Array, " m"]
     ) -> RectilinearGeometry:
         del mass
-        ny, nx = self.shape
         if self.bounds is None:
             x0, x1, y0, y1 = jnp.min(x), jnp.max(x), jnp.min(y), jnp.max(y)
+            if self.nodes == "centres":
+                x0, x1, y0, y1 = (
+                    x0 - CENTRES_MARGIN,
+                    x1 + CENTRES_MARGIN,
+                    y0 - CENTRES_MARGIN,
+                    y1 + CENTRES_MARGIN,
+                )
         else:
             x0, x1, y0, y1 = (jnp.asarray(b, dtype=x.dtype) for b in self.bounds)
-        tx = jnp.linspace(0.0, 1.0, nx, dtype=x.dtype)
-        ty = jnp.linspace(0.0, 1.0, ny, dtype=x.dtype)
-        return RectilinearGeometry(xs=x0 + (x1 - x0) * tx, ys=y0 + (y1 - y0) * ty, uniform=True)
+        tx, ty = (jnp.asarray(t, x.dtype) for t in self.node_fractions())
+        return RectilinearGeometry(
+            xs=x0 + (x1 - x0) * tx,
+            ys=y0 + (y1 - y0) * ty,
+            uniform=True,
+            extrapolate=self.nodes == "centres",
+        )
+
+    def node_fractions(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where the nodes sit along the box's x and y, as fractions of its sides."""
+        ny, nx = self.shape
+        if self.nodes == "centres":
+            return (np.arange(nx) + 0.5) / nx, (np.arange(ny) + 0.5) / ny
+        return np.linspace(0.0, 1.0, nx), np.linspace(0.0, 1.0, ny)
 
     def placeholder(self) -> RectilinearGeometry:
         dtype = jnp.result_type(float)
+        tx, ty = self.node_fractions()
         return RectilinearGeometry(
-            xs=jnp.linspace(0.0, 1.0, self.shape[1], dtype=dtype),
-            ys=jnp.linspace(0.0, 1.0, self.shape[0], dtype=dtype),
+            xs=jnp.asarray(tx, dtype),
+            ys=jnp.asarray(ty, dtype),
             uniform=True,
+            extrapolate=self.nodes == "centres",
         )
 
 

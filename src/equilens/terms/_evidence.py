@@ -68,12 +68,16 @@ class LogEvidence(AbstractImagingTerm):
     "sparse", the tiled Numba kernels, on a CPU and "dense" on an accelerator; all give
     the same evidence to round-off); `nonnegative` (default False: constrain the
     source values to be `>= 0`); `adapt_image` (a brightness estimate of the lensed source,
-    `(ny, nx)`, for `AdaptiveBrightness`; default the data).
+    `(ny, nx)`, for `AdaptiveBrightness`; default the data); `map_outside_mask` (default
+    True: the source is mapped to the mask grown by the PSF half-width; False maps it to
+    the mask's pixels alone, so no light from outside the mask is blurred into it, as
+    PyAutoLens does: see docs/pixelized.md, "equilens and PyAutoLens").
     """
 
     imaging: Imaging
     linear: bool = eqx.field(static=True)
     nonnegative: bool = eqx.field(static=True)
+    map_outside_mask: bool = eqx.field(static=True)
     pixels: Int[Array, " n"]
     mapped: Int[Array, " p"]
     sub_x: Float[Array, "p s2"]
@@ -92,6 +96,7 @@ class LogEvidence(AbstractImagingTerm):
         route: str = "auto",
         nonnegative: bool = False,
         adapt_image: Float[Array, "ny nx"] | np.ndarray | None = None,
+        map_outside_mask: bool = True,
     ):
         if not isinstance(imaging, Imaging):
             raise TypeError(f"LogEvidence needs an Imaging dataset, got {type(imaging)}")
@@ -109,7 +114,8 @@ class LogEvidence(AbstractImagingTerm):
         self.pixels = _used_pixels(imaging)
         kernel = np.asarray(imaging.psf.kernel(), dtype=np.float64)
         mask = np.asarray(imaging.mask)
-        mapped = mapped_pixels(mask, kernel.shape)
+        self.map_outside_mask = bool(map_outside_mask)
+        mapped = mapped_pixels(mask, kernel.shape if self.map_outside_mask else (1, 1))
         self.mapped = jnp.asarray(mapped)
         grid = imaging.grid
         s = grid.supersampling
