@@ -635,6 +635,24 @@ def test_log_evidence_matches_jax_positive_only_and_without_lens_light(mesh):
     _check_inversion(term, _pixelized(truth, term.imaging, mesh, "curvature", lens_light=False))
 
 
+@pytest.mark.parametrize("nonnegative", [False, True])
+@pytest.mark.parametrize("mesh", ["rectangular", "delaunay"])
+def test_log_evidence_matches_jax_with_the_pyautolens_options(mesh, nonnegative):
+    from equilens import source
+
+    truth, imaging = _dataset()
+    term = el.LogEvidence(
+        imaging, nonnegative=nonnegative, map_outside_mask=False, marginalise_amplitudes=False
+    )
+    system = _pixelized(truth, imaging, mesh, "constant")
+    if mesh == "rectangular":
+        system = eqx.tree_at(
+            lambda s: s.source.mesh, system, source.RectangularMesh((10, 10), nodes="centres")
+        )
+    reg = el.ConstantRegularization.from_pyautolens(0.8, float(imaging.grid.pixel_scale))
+    _check_inversion(term, eqx.tree_at(lambda s: s.source.regularization, system, reg))
+
+
 def test_log_evidence_of_a_singular_system_is_minus_infinity_on_both_backends():
     truth, term = _pixelized_term()
     same = light.Sersic(amp=1.0, R_sersic=0.5, n_sersic=2.5)

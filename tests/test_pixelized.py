@@ -57,8 +57,9 @@ def _system(mesh, reg, lens_light=True):
 # -- an independent dense NumPy implementation ------------------------------------------------
 
 
-def _np_mapping(system, imaging):
-    """Dense blurred mapping (n_pixels_full x n_source) and the traced node geometry."""
+def _np_mapping(system, imaging, outside=True):
+    """Dense blurred mapping (n_pixels_full x n_source) and the traced node geometry
+    (`outside`: the source mapped to the mask grown by the kernel, or to the mask alone)."""
     grid = imaging.grid
     ny, nx = grid.shape
     s = grid.supersampling
@@ -70,6 +71,8 @@ def _np_mapping(system, imaging):
     near = np.zeros_like(mask)
     for r, c in zip(rows, cols, strict=True):
         near[max(r - ky // 2, 0) : r + ky // 2 + 1, max(c - kx // 2, 0) : c + kx // 2 + 1] = True
+    if not outside:
+        near = mask
     xs, ys = (np.asarray(a, np.float64) for a in grid.coordinates(supersampled=True))
     sub_pix = (np.arange(ny * s)[:, None] // s) * nx + (np.arange(nx * s)[None, :] // s)
     use = near.reshape(-1)[sub_pix]
@@ -110,6 +113,12 @@ def _np_mapping(system, imaging):
         if isinstance(mesh, el.AdaptiveRectangularMesh):
             gx = np.quantile(bx, np.linspace(0, 1, shape[1]))
             gy = np.quantile(by, np.linspace(0, 1, shape[0]))
+        elif mesh.nodes == "centres":
+            # cells tiling the box widened by 1e-8 arcsec; extrapolated beyond the outer nodes
+            # (tx, ty below are not clipped)
+            x0, x1, y0, y1 = bx.min() - 1e-8, bx.max() + 1e-8, by.min() - 1e-8, by.max() + 1e-8
+            gx = x0 + (np.arange(shape[1]) + 0.5) * (x1 - x0) / shape[1]
+            gy = y0 + (np.arange(shape[0]) + 0.5) * (y1 - y0) / shape[0]
         else:
             gx = np.linspace(bx.min(), bx.max(), shape[1])
             gy = np.linspace(by.min(), by.max(), shape[0])
@@ -171,7 +180,8 @@ def _np_regularization(reg, geo, signal):
                 lap[i, j] -= 1
                 lap[j, i] -= 1
             h = lap.T @ lap
-        return lam * (h + RIDGE * np.eye(n))
+        ridge = reg.ridge if isinstance(reg, el.ConstantRegularization) else RIDGE
+        return lam * (h + ridge * np.eye(n))
     if isinstance(reg, el.AdaptiveBrightness):
         sig = np.clip(signal, 0, 1) ** float(reg.signal_scale)
         inner, outer = float(reg.inner_coefficient), float(reg.outer_coefficient)
@@ -196,9 +206,10 @@ def _np_regularization(reg, geo, signal):
     return float(reg.coefficient) * np.linalg.inv(k)
 
 
-def np_log_evidence(system, imaging, adapt=None):
-    """-(chi2 + s^T H s + log det(F+H) - log det H + sum log 2 pi sigma^2)/2, dense."""
-    blurred, m, geo = _np_mapping(system, imaging)
+def np_log_evidence(system, imaging, adapt=None, outside=True, marginalise=True):
+    """-(chi2 + s^T H s + log det(F+H) - log det H + sum log 2 pi sigma^2)/2, dense
+    (`marginalise=False`: log det of the source block of F+H alone)."""
+    blurred, m, geo = _np_mapping(system, imaging, outside)
     mask = np.asarray(imaging.mask).reshape(-1)
     sigma = np.asarray(imaging.noise_map, np.float64).reshape(-1)[mask]
     data = np.asarray(imaging.data, np.float64).reshape(-1)[mask]
@@ -224,7 +235,7 @@ def np_log_evidence(system, imaging, adapt=None):
     model = a_mat @ x * sigma
     chi2 = np.sum(((data - model) / sigma) ** 2)
     s = x[n_lin:]
-    logdet_a = np.linalg.slogdet(f + h)[1]
+    logdet_a = np.linalg.slogdet((f + h) if marginalise else (f + h)[n_lin:, n_lin:])[1]
     logdet_h = np.linalg.slogdet(h_src)[1]
     norm = np.sum(np.log(2 * np.pi * sigma**2))
     return -0.5 * (chi2 + s @ h_src @ s + logdet_a - logdet_h + norm), s
@@ -287,6 +298,94 @@ def test_log_evidence_matches_dense_numpy(dataset, mesh, reg, route, lens_light)
     assert abs(float(inv.log_evidence) - ref) <= 1e-10 * abs(ref)
     assert rel_err(inv.values, s_ref) < 1e-8
     assert float(value) == pytest.approx(-ref, rel=1e-10)
+
+
+@pytest.mark.x64_only
+@pytest.mark.parametrize(
+    "mesh,route,lens_light",
+    [
+        ("rect", "dense", True),
+        ("rect", "sparse", True),
+        ("rect", "w_tilde", False),
+        ("delaunay", "sparse", True),
+        ("delaunay", "w_tilde", True),
+        ("delaunay", "dense", False),
+    ],
+)
+def test_pyautolens_options_match_dense_numpy(dataset, mesh, route, lens_light):
+    # PyAutoLens's definitions (docs/pixelized.md, "equilens and PyAutoLens"): nodes at the
+    # cell centres with extrapolation, its coefficient and ridge, the source mapped to the
+    # mask alone, the amplitudes held at their solved values (source-block log det)
+    if mesh == "rect":
+        m = el.RectangularMesh((10, 12), nodes="centres")
+    else:
+        m = _mesh("delaunay", dataset)
+    system = _system(m, el.ConstantRegularization.from_pyautolens(1.7, PS), lens_light)
+    term = el.LogEvidence(
+        dataset, route=route, map_outside_mask=False, marginalise_amplitudes=False
+    )
+    inv, value = _INVERT_AND_VALUE(term, system)
+    ref, s_ref = np_log_evidence(system, dataset, outside=False, marginalise=False)
+    assert bool(inv.valid)
+    assert abs(float(inv.log_evidence) - ref) <= 1e-10 * abs(ref)
+    assert rel_err(inv.values, s_ref) < 1e-8
+    assert float(value) == pytest.approx(-ref, rel=1e-10)
+    # each option changes the evidence (so each is tested above)
+    default = np_log_evidence(system, dataset)[0]
+    assert abs(default - ref) > 1e-6 * abs(ref)
+    if lens_light:
+        outside = np_log_evidence(system, dataset, outside=False)[0]
+        assert abs(outside - ref) > 0.1
+
+
+def test_centred_rectangular_nodes_extrapolate_linear_functions_over_their_box():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(np.concatenate([rng.uniform(-0.7, 1.1, 500), [-0.7, 1.1, -0.7, 1.1]]))
+    y = jnp.asarray(np.concatenate([rng.uniform(-0.4, 0.9, 500), [-0.4, 0.9, 0.9, -0.4]]))
+    geo = el.RectangularMesh((6, 9), nodes="centres").geometry(_lens(), x, y)
+    xs, ys = np.asarray(geo.xs), np.asarray(geo.ys)
+    # centres of 9 x 6 cells tiling the box (widened by 1e-8 arcsec)
+    np.testing.assert_allclose(np.diff(xs), (1.8 + 2e-8) / 9, rtol=1e-12)
+    np.testing.assert_allclose([xs[0], ys[-1]], [-0.7 + 0.1, 0.9 - 1.3 / 12], atol=1e-7)
+    w = geo.interpolation(x, y)[1]
+    np.testing.assert_allclose(np.sum(np.asarray(w), axis=1), 1.0, rtol=1e-12)
+    assert np.min(np.asarray(w)) < -0.1  # (the corners are extrapolated)
+    # bilinear interpolation is exact for a linear function, extrapolated or not
+    nodes = np.asarray(geo.nodes())
+    values = jnp.asarray(0.3 + 1.7 * nodes[:, 0] - 0.6 * nodes[:, 1])
+    got = np.asarray(geo.values_at(values, x, y))
+    np.testing.assert_allclose(got, 0.3 + 1.7 * np.asarray(x) - 0.6 * np.asarray(y), atol=1e-12)
+    # with fixed bounds, points beyond the box (half a spacing past the outer nodes) get none
+    fixed = el.RectangularMesh((6, 9), bounds=(-0.7, 1.1, -0.4, 0.9), nodes="centres")
+    g2 = fixed.geometry(_lens(), x, y)
+    far = jnp.asarray([1.1 + 1e-6, -0.7 - 1e-6, 0.2]), jnp.asarray([0.2, 0.2, 0.9 + 1e-6])
+    np.testing.assert_array_equal(np.asarray(g2.interpolation(*far)[1]), 0.0)
+    near = jnp.asarray([1.1 - 1e-9]), jnp.asarray([0.9 - 1e-9])
+    assert float(jnp.sum(g2.interpolation(*near)[1])) == pytest.approx(1.0)
+
+
+def test_pyautolens_constant_regularization_conversion():
+    reg = el.ConstantRegularization.from_pyautolens(3.0, 0.05)
+    assert float(reg.coefficient) == pytest.approx((0.05**2 * 3.0) ** 2, rel=1e-14)
+    assert reg.ridge == pytest.approx(1e-8 / 9.0, rel=1e-14)
+    # lambda (G^T G + ridge I) = a^2 (c^2 G^T G + 1e-8 I): PyAutoLens's H in its units
+    geo = el.RectangularMesh((4, 5)).placeholder()
+    h, logdet = reg.matrix(geo, jnp.zeros(20))
+    g = np.asarray(el.ConstantRegularization(1.0).matrix(geo, jnp.zeros(20))[0]) - 1e-8 * np.eye(20)
+    theirs = 9.0 * g + 1e-8 * np.eye(20)
+    np.testing.assert_allclose(np.asarray(h), 0.05**4 * theirs, rtol=1e-9, atol=1e-24)
+    # (the ridge-sized eigenvalue is known to ~1e-8 relative from a dense slogdet)
+    assert float(logdet) == pytest.approx(np.linalg.slogdet(0.05**4 * theirs)[1], abs=1e-6)
+    for bad in (
+        {"coefficient": 0.0, "pixel_scale": 0.05},
+        {"coefficient": 1.0, "pixel_scale": -1.0},
+    ):
+        with pytest.raises(ValueError, match="must be finite and in"):
+            el.ConstantRegularization.from_pyautolens(**bad)
+    with pytest.raises(ValueError, match=r"ConstantRegularization\.ridge"):
+        el.ConstantRegularization(1.0, ridge=0.0)
+    with pytest.raises(ValueError, match=r"RectangularMesh\.nodes"):
+        el.RectangularMesh((4, 4), nodes="middle")
 
 
 @pytest.mark.parametrize("route", ["w_tilde", "sparse"])

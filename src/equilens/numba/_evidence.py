@@ -451,7 +451,10 @@ def invert(term: LogEvidence, system: LensSystem) -> Evidence:
 
     if term.nonnegative:
         with blas_threads(1):
-            x, log_det, fit = _nonnegative(h, n_s, idx, w, values, reg, gram, rhs, images, fixed)
+            profiled = not term.marginalise_amplitudes and n_lin > 0
+            x, log_det, fit = _nonnegative(
+                h, n_s, idx, w, values, reg, gram, rhs, images, fixed, profiled
+            )
     else:
         from ._host_linalg import _rotate, _system_solved
 
@@ -475,6 +478,22 @@ def invert(term: LogEvidence, system: LensSystem) -> Evidence:
             keep=False,
         )[:3]
         x = _rotate(x, n_s)
+        if not term.marginalise_amplitudes and n_lin > 0:
+            # (the amplitudes held at their solved values: log det of the source block)
+            log_det = _system_solved(
+                idx,
+                w,
+                values[:, :1],
+                h.inv_sigma,
+                rows,
+                cols,
+                reg_values,
+                np.zeros((0, 0)),
+                np.zeros(0),
+                *h.tables,
+                n_s=n_s,
+                keep=False,
+            )[1]
     solved = bool(np.all(np.isfinite(x)) and math.isfinite(log_det) and math.isfinite(log_det_reg))
     log_ev = -0.5 * (fit + log_det - log_det_reg + h.norm) if solved else -math.inf
     if not math.isfinite(log_ev):
@@ -491,15 +510,18 @@ def invert(term: LogEvidence, system: LensSystem) -> Evidence:
     )
 
 
-def _nonnegative(h, n_s, idx, w, values, reg, gram, rhs, images, fixed):
+def _nonnegative(h, n_s, idx, w, values, reg, gram, rhs, images, fixed, profiled):
     """The positive-only solve (`solve_system` with `nonnegative`, in NumPy) and the
-    evidence's fit term (chi2 + `s^T H s`) from the model image."""
+    evidence's fit term (chi2 + `s^T H s`) from the model image; with `profiled`, the log
+    det of the source block (`LogEvidence(marginalise_amplitudes=False)`)."""
     curvature, projected = run_kernel("forward", n_s, idx, w, values, h.inv_sigma, *h.tables)
     dense_reg = _dense(reg, n_s) if isinstance(reg, tuple) else reg
     a = np.block([[gram, projected[:, 1:].T], [projected[:, 1:], curvature + dense_reg]])
     b = np.concatenate([rhs, projected[:, 0]])
     n_lin = gram.shape[0]
     x, log_det = _positive_solve(a, b, np.arange(a.shape[0]) >= n_lin)
+    if profiled:
+        log_det = _logdet_psd(curvature + dense_reg)
     if not np.all(np.isfinite(x)):
         return x, log_det, math.nan
     amps, s = x[:n_lin], x[n_lin:]

@@ -71,13 +71,19 @@ class LogEvidence(AbstractImagingTerm):
     `(ny, nx)`, for `AdaptiveBrightness`; default the data); `map_outside_mask` (default
     True: the source is mapped to the mask grown by the PSF half-width; False maps it to
     the mask's pixels alone, so no light from outside the mask is blurred into it, as
-    PyAutoLens does: see docs/pixelized.md, "equilens and PyAutoLens").
+    PyAutoLens does: see docs/pixelized.md, "equilens and PyAutoLens");
+    `marginalise_amplitudes` (default True: the linear lens-light amplitudes are
+    integrated out with a flat prior, so `log det(F + H)` is that of the whole system;
+    False holds them at their solved values and integrates out the source alone: the log
+    det of the source block of `F + H`, as PyAutoLens; the evidence then does not depend
+    on the amplitudes' units, and costs a second factorisation when there is lens light).
     """
 
     imaging: Imaging
     linear: bool = eqx.field(static=True)
     nonnegative: bool = eqx.field(static=True)
     map_outside_mask: bool = eqx.field(static=True)
+    marginalise_amplitudes: bool = eqx.field(static=True)
     pixels: Int[Array, " n"]
     mapped: Int[Array, " p"]
     sub_x: Float[Array, "p s2"]
@@ -97,6 +103,7 @@ class LogEvidence(AbstractImagingTerm):
         nonnegative: bool = False,
         adapt_image: Float[Array, "ny nx"] | np.ndarray | None = None,
         map_outside_mask: bool = True,
+        marginalise_amplitudes: bool = True,
     ):
         if not isinstance(imaging, Imaging):
             raise TypeError(f"LogEvidence needs an Imaging dataset, got {type(imaging)}")
@@ -115,6 +122,7 @@ class LogEvidence(AbstractImagingTerm):
         kernel = np.asarray(imaging.psf.kernel(), dtype=np.float64)
         mask = np.asarray(imaging.mask)
         self.map_outside_mask = bool(map_outside_mask)
+        self.marginalise_amplitudes = bool(marginalise_amplitudes)
         mapped = mapped_pixels(mask, kernel.shape if self.map_outside_mask else (1, 1))
         self.mapped = jnp.asarray(mapped)
         grid = imaging.grid
@@ -233,10 +241,19 @@ class LogEvidence(AbstractImagingTerm):
         # chi2 + s^T H s at the solution, where the solve gives it (see below)
         fit = None
 
+        # the amplitudes held at their solved values: log det of the source block alone
+        # (a second factorisation, on the route's own solver)
+        profiled = not self.marginalise_amplitudes and n_lin > 0
+        block_logdet = None
+
         def solve(curvature, d_source, cross, host=False):
+            nonlocal block_logdet
             dense_reg = reg.todense() if isinstance(reg, SparseSymmetric) else reg
             a = jnp.block([[light @ light.T, cross.T], [cross, curvature + dense_reg]])
             b = jnp.concatenate([light @ target, d_source])
+            if profiled:
+                block = solve_system(curvature + dense_reg, d_source, host=host)
+                block_logdet = block.log_det_curvature
             return solve_system(a, b, positive, host=host)
 
         if route == "dense":
@@ -270,6 +287,18 @@ class LogEvidence(AbstractImagingTerm):
                     fixed_sparsity=src.regularization.fixed_sparsity,
                 )
                 sol = Solution(x=x, log_det_curvature=logdet, factor=None, scale=jnp.ones_like(x))
+                if profiled:
+                    block_logdet = sparse_system_solve(
+                        idx,
+                        w,
+                        values[:, :1],
+                        inv_sigma,
+                        reg,
+                        jnp.zeros((0, 0), w.dtype),
+                        jnp.zeros((0,), w.dtype),
+                        self.tables,
+                        fixed_sparsity=src.regularization.fixed_sparsity,
+                    )[1]
         else:
             if self.w_tilde is None or self.neighbours is None:
                 raise ValueError("route 'w_tilde' needs LogEvidence(..., route='w_tilde')")
@@ -280,13 +309,14 @@ class LogEvidence(AbstractImagingTerm):
             back = back.reshape(n_lin + 1, ny * nx)[:, self.mapped]
             projected = map_to_source(idx, w, back.T, n_s)
             sol = solve(curvature, projected[:, 0], projected[:, 1:])
+        log_det_curvature = sol.log_det_curvature if block_logdet is None else block_logdet
         # A singular system (or regularization) has a -inf evidence: the terms below are
         # then computed from zeros in place of its NaN solution (and reported as NaN), so
         # that its gradient is zero rather than NaN (a NaN would poison an optimiser's
         # state).
         solved = (
             jnp.all(jnp.isfinite(sol.x))
-            & jnp.isfinite(sol.log_det_curvature)
+            & jnp.isfinite(log_det_curvature)
             & jnp.isfinite(log_det_reg)
         )
         x = jnp.where(solved, sol.x, 0.0)
@@ -305,7 +335,7 @@ class LogEvidence(AbstractImagingTerm):
             reg.quadratic(values) if isinstance(reg, SparseSymmetric) else values @ (reg @ values)
         )
         norm = noise_normalisation(noise)
-        log_dets = jnp.where(solved, sol.log_det_curvature - log_det_reg, 0.0)
+        log_dets = jnp.where(solved, log_det_curvature - log_det_reg, 0.0)
         fit = chi2 + reg_term if fit is None else jnp.where(solved, fit, 0.0)
         log_ev = -0.5 * (fit + log_dets + norm)
         valid = solved & jnp.isfinite(log_ev)
@@ -326,7 +356,7 @@ class LogEvidence(AbstractImagingTerm):
             residuals=reported(residuals),
             chi2=reported(chi2),
             regularization_term=reported(reg_term),
-            log_det_curvature=sol.log_det_curvature,
+            log_det_curvature=log_det_curvature,
             log_det_regularization=log_det_reg,
             noise_normalisation=norm,
             log_evidence=log_ev,
