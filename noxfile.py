@@ -6,8 +6,9 @@
 `slow` (whole fits of real and simulated lenses) and every script in examples/;
 `nox -s numba-boundscheck` the Numba kernels' tests with bounds checking; `nox -s sharding`
 the sharded == single-device checks on 1, 2 and 4 CPU devices (Python 3.11 and 3.12).
+`nox -s crosscheck-pyautolens` compares the pixelized evidence with PyAutoLens's (Python 3.12).
 `.ci/run` runs the README's test command, then `slow`, `numba-boundscheck`, `sharding-3.11`,
-the newest-jax fast suite and `sharding-3.12`."""
+the newest-jax fast suite, `sharding-3.12` and `crosscheck-pyautolens`."""
 
 import os
 import pathlib
@@ -98,7 +99,8 @@ def _pytest(session: nox.Session, marker: str, python: str, precision: str) -> N
         # hold gigabytes). (Its workers' crashes of 2026-11-26/27, first blamed on the
         # cache, were the limit of memory mappings: tests/conftest.py.)
         env |= _jax_cache(python, precision)
-    # the lenstronomy comparisons run in the crosscheck session, which installs lenstronomy
+    # the lenstronomy and PyAutoLens comparisons run in the crosscheck sessions, which
+    # install them
     session.run(
         "pytest",
         "-n",
@@ -106,6 +108,7 @@ def _pytest(session: nox.Session, marker: str, python: str, precision: str) -> N
         "-m",
         marker,
         "--ignore=tests/test_crosscheck.py",
+        "--ignore=tests/test_crosscheck_pyautolens.py",
         "-q",
         *session.posargs,
         env=env,
@@ -133,7 +136,34 @@ def crosscheck(session: nox.Session) -> None:
     """Agreement with lenstronomy over random parameter draws (prints the worst errors)."""
     session.install("-e", ".[test,crosscheck]")
     # the whole fits of lenstronomy-simulated lenses are `slow` too: the slow session runs them
-    session.run("pytest", "-m", "crosscheck and not slow", "-q", "-s", "-n", "0", *session.posargs)
+    session.run(
+        "pytest",
+        "-m",
+        "crosscheck and not slow",
+        "--ignore=tests/test_crosscheck_pyautolens.py",
+        "-q",
+        "-s",
+        "-n",
+        "0",
+        *session.posargs,
+    )
+
+
+@nox.session(python="3.12", name="crosscheck-pyautolens")
+def crosscheck_pyautolens(session: nox.Session) -> None:
+    """The pixelized evidence against PyAutoLens (Python >= 3.12) on identical inputs, term
+    by term, with PyAutoLens's definitions chosen (prints every term and its error)."""
+    session.install("-e", ".[test,pyautolens]")
+    session.run(
+        "pytest",
+        "-q",
+        "-s",
+        "-n",
+        "0",
+        "tests/test_crosscheck_pyautolens.py",
+        *session.posargs,
+        env={"EQUILENS_TEST_X64": "1"},
+    )
 
 
 @nox.session(python="3.11")
