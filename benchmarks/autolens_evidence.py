@@ -5,8 +5,12 @@ Run by bench_pixelized.py in a separate Python 3.12 environment with `autolens` 
 
     python autolens_evidence.py INPUT.npz
 
-Prints one JSON line: the median time of `FitImaging(...).log_evidence` for each mesh, its
-first-call time, and the log-evidence value. PyAutoLens is used only here, never by equilens.
+Prints one JSON line: the median time of `FitImaging(...).log_evidence` for each path, its
+first-call time, and the log-evidence value, with PyAutoLens's default settings (a
+positive-only solve with the mesh's edge pixels fixed at zero, border relocation) and with
+the settings that solve the problem equilens solves ("/matched": the positive-negative
+solve, no relocation; docs/pixelized.md, "equilens and PyAutoLens"). PyAutoLens is used only
+here, never by equilens.
 """
 
 import json
@@ -22,10 +26,14 @@ def main(path: str) -> None:
 
     arrays = np.load(path)
     ps = float(arrays["pixel_scale"])
-    data = al.Array2D.no_mask(arrays["data"], pixel_scales=ps)
-    noise = al.Array2D.no_mask(arrays["noise_map"], pixel_scales=ps)
-    psf = al.Convolver(kernel=al.Array2D.no_mask(arrays["psf"], pixel_scales=ps), normalize=True)
-    mask = al.Mask2D(mask=~arrays["mask"], pixel_scales=ps)
+
+    # (PyAutoLens's first row is the top of the image, equilens's the bottom)
+    def flipped(a):
+        return al.Array2D.no_mask(np.array(a[::-1], np.float64), pixel_scales=ps)
+
+    data, noise = flipped(arrays["data"]), flipped(arrays["noise_map"])
+    psf = al.Convolver(kernel=flipped(arrays["psf"]), normalize=True)
+    mask = al.Mask2D(mask=~arrays["mask"][::-1], pixel_scales=ps)
     # no sub-gridding, as the equilens benchmark (PyAutoLens defaults to 4x4 for sources)
     plain = al.Imaging(
         data=data, noise_map=noise, psf=psf, over_sample_size_lp=1, over_sample_size_pixelization=1
@@ -45,18 +53,33 @@ def main(path: str) -> None:
     mesh = al.mesh.RectangularUniform(shape=tuple(int(v) for v in arrays["rect_shape"]))
     pix = al.Pixelization(mesh=mesh, regularization=al.reg.Constant(coefficient=1.0))
     tracer = al.Tracer(galaxies=[lens, al.Galaxy(redshift=1.0, pixelization=pix)])
+    configurations = {
+        "": None,
+        "/matched": al.Settings(use_positive_only_solver=False, use_border_relocator=False),
+    }
     for name, dataset in datasets.items():
-        t0 = time.perf_counter()
-        value = float(al.FitImaging(dataset=dataset, tracer=tracer).log_evidence)
-        first = time.perf_counter() - t0
-        for _ in range(int(arrays["warmup"]) if "warmup" in arrays else 0):  # as for equilens
-            float(al.FitImaging(dataset=dataset, tracer=tracer).log_evidence)
-        times = []
-        for _ in range(int(arrays["repeats"])):
+        for suffix, settings in configurations.items():
+
+            def evidence(dataset=dataset, settings=settings):
+                return float(
+                    al.FitImaging(dataset=dataset, tracer=tracer, settings=settings).log_evidence
+                )
+
             t0 = time.perf_counter()
-            float(al.FitImaging(dataset=dataset, tracer=tracer).log_evidence)
-            times.append(time.perf_counter() - t0)
-        out[name] = {"median_s": statistics.median(times), "first_s": first, "log_evidence": value}
+            value = evidence()
+            first = time.perf_counter() - t0
+            for _ in range(int(arrays["warmup"]) if "warmup" in arrays else 0):  # as equilens
+                evidence()
+            times = []
+            for _ in range(int(arrays["repeats"])):
+                t0 = time.perf_counter()
+                evidence()
+                times.append(time.perf_counter() - t0)
+            out[name + suffix] = {
+                "median_s": statistics.median(times),
+                "first_s": first,
+                "log_evidence": value,
+            }
     print(json.dumps(out))
 
 
