@@ -339,43 +339,47 @@ def test_pyautolens_options_match_dense_numpy(dataset, mesh, route, lens_light):
 
 
 def test_centred_rectangular_nodes_extrapolate_linear_functions_over_their_box():
+    tol = 1e-12 if X64 else 1e-5
     rng = np.random.default_rng(0)
     x = jnp.asarray(np.concatenate([rng.uniform(-0.7, 1.1, 500), [-0.7, 1.1, -0.7, 1.1]]))
     y = jnp.asarray(np.concatenate([rng.uniform(-0.4, 0.9, 500), [-0.4, 0.9, 0.9, -0.4]]))
     geo = el.RectangularMesh((6, 9), nodes="centres").geometry(_lens(), x, y)
     xs, ys = np.asarray(geo.xs), np.asarray(geo.ys)
     # centres of 9 x 6 cells tiling the box (widened by 1e-8 arcsec)
-    np.testing.assert_allclose(np.diff(xs), (1.8 + 2e-8) / 9, rtol=1e-12)
-    np.testing.assert_allclose([xs[0], ys[-1]], [-0.7 + 0.1, 0.9 - 1.3 / 12], atol=1e-7)
+    np.testing.assert_allclose(np.diff(xs), (1.8 + 2e-8) / 9, rtol=tol)
+    np.testing.assert_allclose([xs[0], ys[-1]], [-0.7 + 0.1, 0.9 - 1.3 / 12], atol=max(tol, 1e-7))
     w = geo.interpolation(x, y)[1]
-    np.testing.assert_allclose(np.sum(np.asarray(w), axis=1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(np.sum(np.asarray(w), axis=1), 1.0, rtol=tol)
     assert np.min(np.asarray(w)) < -0.1  # (the corners are extrapolated)
     # bilinear interpolation is exact for a linear function, extrapolated or not
     nodes = np.asarray(geo.nodes())
     values = jnp.asarray(0.3 + 1.7 * nodes[:, 0] - 0.6 * nodes[:, 1])
     got = np.asarray(geo.values_at(values, x, y))
-    np.testing.assert_allclose(got, 0.3 + 1.7 * np.asarray(x) - 0.6 * np.asarray(y), atol=1e-12)
+    np.testing.assert_allclose(got, 0.3 + 1.7 * np.asarray(x) - 0.6 * np.asarray(y), atol=tol)
     # with fixed bounds, points beyond the box (half a spacing past the outer nodes) get none
     fixed = el.RectangularMesh((6, 9), bounds=(-0.7, 1.1, -0.4, 0.9), nodes="centres")
     g2 = fixed.geometry(_lens(), x, y)
-    far = jnp.asarray([1.1 + 1e-6, -0.7 - 1e-6, 0.2]), jnp.asarray([0.2, 0.2, 0.9 + 1e-6])
+    far = jnp.asarray([1.101, -0.701, 0.2]), jnp.asarray([0.2, 0.2, 0.901])
     np.testing.assert_array_equal(np.asarray(g2.interpolation(*far)[1]), 0.0)
     near = jnp.asarray([1.1 - 1e-9]), jnp.asarray([0.9 - 1e-9])
-    assert float(jnp.sum(g2.interpolation(*near)[1])) == pytest.approx(1.0)
+    assert float(jnp.sum(g2.interpolation(*near)[1])) == pytest.approx(1.0, rel=tol)
 
 
 def test_pyautolens_constant_regularization_conversion():
+    tol = 1e-12 if X64 else 1e-6
     reg = el.ConstantRegularization.from_pyautolens(3.0, 0.05)
-    assert float(reg.coefficient) == pytest.approx((0.05**2 * 3.0) ** 2, rel=1e-14)
-    assert reg.ridge == pytest.approx(1e-8 / 9.0, rel=1e-14)
+    assert float(reg.coefficient) == pytest.approx((0.05**2 * 3.0) ** 2, rel=tol)
+    assert reg.ridge == pytest.approx(1e-8 / 9.0, rel=1e-14)  # (a Python float)
     # lambda (G^T G + ridge I) = a^2 (c^2 G^T G + 1e-8 I): PyAutoLens's H in its units
     geo = el.RectangularMesh((4, 5)).placeholder()
     h, logdet = reg.matrix(geo, jnp.zeros(20))
-    g = np.asarray(el.ConstantRegularization(1.0).matrix(geo, jnp.zeros(20))[0]) - 1e-8 * np.eye(20)
+    g = np.asarray(el.ConstantRegularization(1.0).matrix(geo, jnp.zeros(20))[0], np.float64)
+    g = np.round(g)  # (G^T G has integer entries; H(1) adds the ridge)
     theirs = 9.0 * g + 1e-8 * np.eye(20)
-    np.testing.assert_allclose(np.asarray(h), 0.05**4 * theirs, rtol=1e-9, atol=1e-24)
+    np.testing.assert_allclose(np.asarray(h), 0.05**4 * theirs, rtol=1e3 * tol, atol=1e-24)
     # (the ridge-sized eigenvalue is known to ~1e-8 relative from a dense slogdet)
-    assert float(logdet) == pytest.approx(np.linalg.slogdet(0.05**4 * theirs)[1], abs=1e-6)
+    want = np.linalg.slogdet(0.05**4 * theirs)[1]
+    assert float(logdet) == pytest.approx(want, abs=1e-6 if X64 else 1e-2)
     for bad in (
         {"coefficient": 0.0, "pixel_scale": 0.05},
         {"coefficient": 1.0, "pixel_scale": -1.0},
