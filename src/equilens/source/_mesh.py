@@ -125,7 +125,7 @@ class RectangularMesh(AbstractMesh):
             extrapolate=self.nodes == "centres",
         )
 
-    def node_fractions(self) -> tuple[np.ndarray, np.ndarray]:
+    def node_fractions(self) -> tuple[Float[np.ndarray, " nx"], Float[np.ndarray, " ny"]]:
         """Where the nodes sit along the box's x and y, as fractions of its sides."""
         ny, nx = self.shape
         if self.nodes == "centres":
