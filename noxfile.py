@@ -94,11 +94,14 @@ def _pytest(session: nox.Session, marker: str, python: str, precision: str) -> N
     # (the fast suite compiles at XLA's optimisation level 0: see tests/conftest.py)
     env["EQUILENS_TEST_FAST_COMPILE"] = "0" if marker == "slow" else "1"
     if marker != "slow":
-        # The slow session compiles without the persistent cache: its large fits are
-        # compiled once per run anyway (the cache would only help reruns, and it would
-        # hold gigabytes). (Its workers' crashes of 2026-11-26/27, first blamed on the
-        # cache, were the limit of memory mappings: tests/conftest.py.)
         env |= _jax_cache(python, precision)
+    else:
+        # The slow session compiles without the persistent cache (equilens turns it on
+        # at import: switched off here): its large fits are compiled once per run anyway
+        # (the cache would only help reruns, and it would hold gigabytes). (Its workers'
+        # crashes of 2026-11-26/27, first blamed on the cache, were the limit of memory
+        # mappings: tests/conftest.py.)
+        env["EQUILENS_COMPILATION_CACHE"] = "0"
     # the lenstronomy and PyAutoLens comparisons run in the crosscheck sessions, which
     # install them
     session.run(

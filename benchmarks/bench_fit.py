@@ -1,5 +1,6 @@
 """Fitting benchmark: wall time and steps to fit a simulated 100x100 lens from a generic
-start, per solver; and the value-and-gradient throughput of a batch of 64 models.
+start, per solver; a batch of 8 starts by `fit_batch` on each route against a loop of
+`fit` calls; and the value-and-gradient throughput of a batch of 64 models.
 
 Lens: SIE + external shear, Sersic lens light, Sersic source (amplitudes solved linearly,
 17 free parameters); 100x100 pixels at 0.05", 2.5" circular mask, 21x21 pixelated PSF,
@@ -80,6 +81,36 @@ def main(repeats: int) -> None:
             f"{int(r.num_steps):>6} {float(r.reduced_chi2):>10.4f}  theta_E={te:.4f} "
             f"({r.message()[:40] or 'ok'})"
         )
+
+    # 8 starts (theta_E 0.9 .. 1.5), LM, 100 steps, no covariance: a loop of compiled
+    # `fit` calls against `fit_batch` on each route (issue 46: the batch <= 1.1x the loop)
+    thetas = np.linspace(0.9, 1.5, 8)
+    starts = [
+        eqx.tree_at(lambda s: s.mass.components[0].theta_E, start, np.float64(t)) for t in thetas
+    ]
+    stacked = jax.tree.map(lambda *x: np.stack(x), *starts)
+
+    def loop():
+        return [el.fit(obj, s, "lm", max_steps=100, throw=False, covariance=False) for s in starts]
+
+    def batched(route):
+        return el.fit_batch(obj, stacked, "lm", max_steps=100, covariance=False, route=route)
+
+    first_loop = timed(loop)[0]
+    first = {r: timed(lambda r=r: batched(r))[0] for r in ("vmap", "loop")}
+    t_loop = statistics.median(timed(loop)[0] for _ in range(repeats))
+    t_batch = {
+        r: statistics.median(timed(lambda r=r: batched(r))[0] for _ in range(repeats))
+        for r in ("vmap", "loop")
+    }
+    auto = el.solve.batch_route()
+    print(
+        f"8 starts, LM, 100 steps: loop of fit {t_loop:.2f} s (first {first_loop:.1f} s); "
+        f"fit_batch route='vmap' {t_batch['vmap']:.2f} s ({t_batch['vmap'] / t_loop:.2f}x the "
+        f"loop; first {first['vmap']:.1f} s), route='loop' {t_batch['loop']:.2f} s "
+        f"({t_batch['loop'] / t_loop:.2f}x; first {first['loop']:.1f} s); 'auto' is "
+        f"{auto!r} on this {jax.default_backend()}"
+    )
 
     # value and gradient of the objective: one model per call vs 64 in one vmap
     param = el.objective.Parametrisation.build(

@@ -89,7 +89,9 @@ def _args(paths, **override):
     base.update(override)
     out = ["fit", base.pop("image")]
     for k, v in base.items():
-        if v is not None:
+        if v is True:  # a flag
+            out.append(k)
+        elif v is not None:
             out += [k, v]
     return out
 
@@ -126,6 +128,31 @@ def test_fit_that_does_not_converge_exits_with_status_2(fits_files, tmp_path, ca
     assert "the fit did not succeed" in capsys.readouterr().err
 
 
+def test_ctrl_c_writes_the_finished_stage_and_exits_130(fits_files, tmp_path, capsys, monkeypatch):
+    """Ctrl-C during the search (after the lens-light stage): one line on stderr, exit
+    status 130, and the lens-light stage's fit written as the JSON, marked interrupted;
+    Ctrl-C before any stage ends writes nothing."""
+    import equilens.solve._pipeline as pipeline
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "search", interrupt)
+    out = tmp_path / "cut.json"
+    assert main([*_args(fits_files), "--max-steps", "5", "--json", str(out)]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == f"equilens: interrupted; the result of stage 'lens light' written to {out}"
+    result = json.loads(out.read_text())
+    assert result["interrupted"] is True and "interrupted" in result["status"]
+    assert [c["class"] for c in result["components"]][:2] == ["SIE", "ExternalShear"]
+    # interrupted before the first stage ends: nothing written
+    monkeypatch.setattr(pipeline, "fit", interrupt)
+    none = tmp_path / "none.json"
+    assert main([*_args(fits_files), "--json", str(none)]) == 130
+    assert capsys.readouterr().err.strip() == "equilens: interrupted; nothing finished to write"
+    assert not none.exists()
+
+
 @pytest.mark.slow
 def test_pixelized_fit_writes_evidence_and_source_fits(fits_files, tmp_path):
     out = tmp_path / "pix.json"
@@ -152,6 +179,15 @@ def test_pixelized_fit_writes_evidence_and_source_fits(fits_files, tmp_path):
     assert (tmp_path / "pix.png").exists()
 
 
+#: The data image passed as its own PSF (an odd-sized cut-out, same size as the image)
+ODD_AS_PSF = {
+    "image": "ODD_IMAGE",
+    "--noise-map": "ODD_NOISE",
+    "--mask": "ODD_MASK",
+    "--psf": "ODD_IMAGE",
+}
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
@@ -169,6 +205,9 @@ def test_pixelized_fit_writes_evidence_and_source_fits(fits_files, tmp_path):
         ({"--positions": "/nonexistent/positions.txt"}, "positions file not found"),
         ({"--positions": "WORDS"}, "cannot read --positions"),
         ({"--positions": "THREE"}, "two columns (x y)"),
+        # the image passed as its own PSF (same size): refused, by --check too
+        (ODD_AS_PSF, "is as large as the image (49x49) (it equals the image)"),
+        ({**ODD_AS_PSF, "--check": True}, "is as large as the image"),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(fits_files, tmp_path, capsys, override, message):
@@ -180,7 +219,12 @@ def test_bad_input_is_one_line_and_nonzero(fits_files, tmp_path, capsys, overrid
         "WORDS": str(tmp_path / "words.txt"),
         "THREE": str(tmp_path / "three.txt"),
     }
-    override = {k: swap.get(v, v) for k, v in override.items()}
+    for name in ("image", "noise", "mask"):  # 49x49 cut-outs: an odd image passes as a PSF
+        swap[f"ODD_{name.upper()}"] = str(tmp_path / f"odd_{name}.fits")
+        fits.PrimaryHDU(fits.getdata(fits_files[name])[:49, :49]).writeto(
+            swap[f"ODD_{name.upper()}"]
+        )
+    override = {k: swap.get(v, v) if isinstance(v, str) else v for k, v in override.items()}
     code = main([*_args(fits_files, **override), "--json", str(tmp_path / "x.json")])
     err = capsys.readouterr().err.strip()
     assert code != 0

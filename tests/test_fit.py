@@ -305,3 +305,55 @@ def test_smoothed_covariance_is_the_curvature_on_the_scale_of_the_errors():
     assert el.solve.with_smoothed_covariance(done, smooth, lambda _: True) is done
     with pytest.raises(ValueError, match="step"):
         el.solve.with_smoothed_covariance(failed(point), smooth, lambda _: True, step=0.0)
+
+
+def test_fit_batch_routes_agree_and_auto_loops_on_a_cpu():
+    """`fit_batch` solved as a loop of compiled fits and as one vmapped batch: the same fits
+    to round-off; the loop runs `fit`'s own program (each element equals `fit` of its start
+    bit for bit); "auto" is the loop on a CPU; a loop cannot split over a mesh."""
+    data = _data(5)
+    obj = el.Objective(el.GaussianLikelihood(data))
+    thetas = [0.9, 1.1, 1.3]
+    starts = [
+        eqx.tree_at(lambda s: s.mass.components[0].theta_E, _start(_truth()), jnp.asarray(t))
+        for t in thetas
+    ]
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *starts)
+    kw = {"max_steps": 30, "covariance": False}
+    loop = el.fit_batch(obj, stacked, "lm", route="loop", **kw)
+    vmap = el.fit_batch(obj, stacked, "lm", route="vmap", **kw)
+    tol = 1e-8 if X64 else 1e-3
+    np.testing.assert_allclose(np.asarray(loop.value), np.asarray(vmap.value), rtol=tol)
+    te_loop = np.asarray(loop.model.mass.components[0].theta_E)
+    te_vmap = np.asarray(vmap.model.mass.components[0].theta_E)
+    np.testing.assert_allclose(te_loop, te_vmap, rtol=tol)
+    # each element stops at its own step count (a vmapped batch runs until the slowest
+    # stops, but counts each element's own steps too)
+    assert loop.num_steps.shape == (3,)
+    for i, s in enumerate(starts):
+        single = el.fit(obj, s, "lm", throw=False, **kw)
+        assert float(single.value) == float(loop.value[i])
+        assert int(single.num_steps) == int(loop.num_steps[i])
+    assert el.solve.batch_route() == ("loop" if jax.default_backend() == "cpu" else "vmap")
+    assert el.solve.batch_route("vmap") == "vmap"
+    # (refused by the runtime type check in the tests, by the ValueError without it)
+    with pytest.raises((ValueError, TypeError)):
+        el.fit_batch(obj, stacked, "lm", route="threads", **kw)  # pyright: ignore
+    with pytest.raises(ValueError, match="a mesh needs route"):
+        el.fit_batch(obj, stacked, "lm", route="loop", mesh=el.device_mesh(1), **kw)
+
+
+def test_weakly_typed_starts_share_the_compiled_fit():
+    """A model built from Python numbers (weakly typed leaves) and the same model with
+    strong leaves (as a fit returns them) run one compiled program: the pipeline's
+    stages and a user's refits do not compile the fit again."""
+    data = _data(6)
+    obj = el.Objective(el.GaussianLikelihood(data))
+    weak = _start(_truth())
+    assert any(getattr(x, "weak_type", False) for x in jax.tree.leaves(weak))
+    strong = jax.tree.map(lambda x: x.astype(x.dtype) if eqx.is_array(x) else x, weak)
+    first = el.fit(obj, weak, "lm", max_steps=3, throw=False, covariance=False)
+    traces = eqx.debug.get_num_traces(_fit._fit_core)
+    again = el.fit(obj, strong, "lm", max_steps=4, throw=False, covariance=False)
+    assert eqx.debug.get_num_traces(_fit._fit_core) == traces
+    assert int(again.num_steps) >= int(first.num_steps)

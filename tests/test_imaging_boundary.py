@@ -50,8 +50,10 @@ def _dataset(draw):
     return data.reshape(shape), noise.reshape(shape), mask.reshape(shape), np.outer(kernel, kernel)
 
 
-def _expected_error(data, noise, mask, kernel) -> str | None:
-    """What `Imaging` must refuse, from the arrays alone (None: nothing)."""
+def _expected_error(data, noise, mask, kernel, from_fits: bool = False) -> str | None:
+    """What `Imaging` must refuse, from the arrays alone (None: nothing); `from_fits`: also
+    what `Imaging.from_fits` refuses besides (a kernel as large as the image: the wrong
+    file)."""
     bad = ~(np.isfinite(data) & np.isfinite(noise) & (np.nan_to_num(noise) > 0))
     if not mask.any():
         return "mask is empty"
@@ -59,11 +61,13 @@ def _expected_error(data, noise, mask, kernel) -> str | None:
         return "inside the mask"
     if kernel.shape[0] > data.shape[0] or kernel.shape[1] > data.shape[1]:
         return "larger than"
+    if from_fits and (kernel.shape[0] >= data.shape[0] or kernel.shape[1] >= data.shape[1]):
+        return "is as large as the image"
     return None
 
 
-def _check(make, data, noise, mask, kernel):
-    expected = _expected_error(data, noise, mask, kernel)
+def _check(make, data, noise, mask, kernel, from_fits: bool = False):
+    expected = _expected_error(data, noise, mask, kernel, from_fits)
     try:
         imaging = make()
     except ValueError as err:
@@ -118,7 +122,7 @@ def test_imaging_from_fits_refuses_exactly_the_bad_datasets(case):
 
         with np.errstate(over="ignore", invalid="ignore"):
             as64 = data.astype(np.float64), noise.astype(np.float64)
-        _check(make, *as64, mask, kernel)
+        _check(make, *as64, mask, kernel, from_fits=True)
 
 
 @pytest.mark.precision_independent

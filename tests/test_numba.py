@@ -610,8 +610,15 @@ def _check_inversion(term, system):
     got = enb.invert(term, system)
     assert enb.value(term, system) == pytest.approx(float(want), rel=TOL)
     assert got.log_evidence == pytest.approx(-float(want), rel=TOL)
+    # (an adaptive regularization's log det sums the logs of weights computed from the
+    # data traced to the source plane: each backend's round-off in those positions enters
+    # every weight. Measured 1.3e-10 relative on a Delaunay mesh with XLA's optimisation
+    # level 0, the fast suite's, on 2026-11-27 with the code before and after that day's
+    # change alike; 1e-9 keeps it a round-off check)
+    adaptive = isinstance(system.source.regularization, el.AdaptiveBrightness)
     for name in ("log_det_curvature", "log_det_regularization", "noise_normalisation"):
-        assert getattr(got, name) == pytest.approx(float(getattr(inv, name)), rel=TOL), name
+        tol = 1e-9 if adaptive and name == "log_det_regularization" else TOL
+        assert getattr(got, name) == pytest.approx(float(getattr(inv, name)), rel=tol), name
     assert got.fit == pytest.approx(float(inv.chi2 + inv.regularization_term), rel=1e-9)
     # the solution of (F + H) s = D: determined to cond(F + H) eps by any solver (up to
     # ~1e7 here), so its agreement is checked to 1e-7 of the source's peak

@@ -18,6 +18,11 @@ from . import (
     source as source,
     terms as terms,
 )
+from ._cache import (
+    _configure_on_import,
+    compilation_cache as compilation_cache,
+    default_cache_dir as default_cache_dir,
+)
 from ._checks import PrecisionWarning as PrecisionWarning
 from ._grid import Grid as Grid, MaskedGrid as MaskedGrid
 from ._lens_system import LensSystem as LensSystem
@@ -72,6 +77,10 @@ from .terms import (
 )
 
 __version__ = "0.1.0"
+
+# compiled programs kept on disk between runs (equilens._cache: EQUILENS_COMPILATION_CACHE=0
+# leaves JAX's configuration alone)
+_configure_on_import()
 
 #: Submodules imported on first use (matplotlib, Numba): `el.plot.plot_fit(...)` works after
 #: `import equilens as el` alone.

@@ -113,20 +113,31 @@ class LensSystem(eqx.Module):
             raise ValueError("the lens system has no linear light component")
         dtype = jnp.result_type(float)
 
-        def flux(g: Grid) -> Float[Array, "n_linear rows cols"]:
-            x, y = g.coordinates(supersampled=True)
-            bx, by = self.mass.ray_shoot(x, y) if any(n == "source" for n, _ in parts) else (x, y)
-            out = []
-            for name, i in parts:
-                comp = _light_components(getattr(self, name))[i]
-                assert isinstance(comp, AbstractLinearLightProfile)
-                out.append(comp.basis(bx, by) if name == "source" else comp.basis(x, y))
-            return jnp.concatenate(out, axis=0) * g.pixel_area
+        def flux(field: str) -> Callable[[Grid], Float[Array, "n rows cols"]]:
+            def fn(g: Grid) -> Float[Array, "n rows cols"]:
+                x, y = g.coordinates(supersampled=True)
+                if field == "source":
+                    x, y = self.mass.ray_shoot(x, y)
+                out = []
+                for name, i in parts:
+                    if name == field:
+                        comp = _light_components(getattr(self, name))[i]
+                        assert isinstance(comp, AbstractLinearLightProfile)
+                        out.append(comp.basis(x, y))
+                return jnp.concatenate(out, axis=0) * g.pixel_area
 
-        if parts:
-            images = _render(grid, psf, flux)
-        else:
-            images = jnp.zeros((0, *grid.shape), dtype)
+            return fn
+
+        # each field rendered (binned, convolved) on its own, then stacked: a derivative
+        # with respect to the parameters of one field then carries no tangent through the
+        # other's images (JAX keeps them as symbolic zeros up to the stacking), so a fit of
+        # the mass and source beside a held multi-Gaussian lens light does not convolve
+        # the lens light's twenty tangent images per parameter
+        runs = [name for k, (name, _) in enumerate(parts) if k == 0 or parts[k - 1][0] != name]
+        rendered = [_render(grid, psf, flux(name)) for name in runs]
+        images = jnp.zeros((0, *grid.shape), dtype)
+        if rendered:
+            images = jnp.concatenate(rendered, axis=0)
         # the non-linear light alone: the linear components are not evaluated again
         others = [
             (name, comp)

@@ -205,6 +205,38 @@ def write_source_fits(path: str, inversion, n: int = 120) -> None:
         fits.HDUList([primary, errors]).writeto(tmp, overwrite=True)
 
 
+class Partial:
+    """What a run has finished, for an interrupted run (Ctrl-C) to write: the latest
+    stage's `FitResult` as the pipeline hands it over (`keep`, the pipelines' `on_stage`),
+    written by `write` as the JSON of a fit with `"status": "interrupted"`."""
+
+    def __init__(self, json_path: str | None) -> None:
+        self.json_path = json_path
+        self.stage: str | None = None
+        self.result: Any = None
+        self.band_names: Any = None
+
+    def keep(self, stage: str, result: Any) -> None:
+        self.stage, self.result = stage, result
+
+    def write(self) -> str | None:
+        """Writes the kept result (None when there is none, or no path); returns the path."""
+        if self.result is None or self.json_path is None:
+            return None
+        from .solve import write_json
+
+        folder = os.path.dirname(os.path.abspath(self.json_path))
+        os.makedirs(folder, exist_ok=True)
+        write_json(
+            self.json_path,
+            self.result,
+            self.band_names,
+            interrupted=True,
+            status=f"interrupted: the result of the pipeline's stage {self.stage!r}",
+        )
+        return self.json_path
+
+
 def run_fit(
     imaging,
     json_path: str,
@@ -220,12 +252,13 @@ def run_fit(
     max_steps: int | None = None,
     positions=None,
     positions_sigma: float | None = None,
+    partial: Partial | None = None,
 ) -> dict[str, str]:
     """Fits `imaging` (`equilens.solve.fit_lens`; for `source="pixelized"` followed by
     `equilens.solve.fit_pixelized`), prints the parameters with errors, and writes the JSON
     result to `json_path` and the figure next to it (`.png`; pixelized: also
     `_source.fits`). Returns the output paths and, under `"status"`, the final fit's
-    status in words (`"successful"` or why not)."""
+    status in words (`"successful"` or why not). `partial` keeps each finished stage."""
     import numpy as np
 
     from .plot import plot_fit, plot_reconstruction
@@ -253,6 +286,7 @@ def run_fit(
         positions=positions,
         positions_sigma=positions_sigma,
         progress=progress,
+        on_stage=None if partial is None else partial.keep,
     )
     extra = dict(extra or {})
     folder = os.path.dirname(os.path.abspath(json_path))
@@ -349,6 +383,7 @@ def run_sample(
     regularization: str = "constant",
     strength: float | None = None,
     max_tree_depth: int | None = None,
+    partial: Partial | None = None,
 ) -> dict[str, str]:
     """Fits `imaging` as `run_fit` does, then samples the posterior over the same
     objective (for `source="pixelized"`: the mass's parameters with the source
@@ -406,6 +441,7 @@ def run_sample(
         positions=positions,
         positions_sigma=positions_sigma,
         progress=progress,
+        on_stage=None if partial is None else partial.keep,
     )
     free = None
     if pix_mesh is not None and pix_reg is not None:
@@ -510,6 +546,7 @@ def run_fit_multiband(
     mesh: str = "rectangular",
     regularization: str = "constant",
     strength: float | None = None,
+    partial: Partial | None = None,
 ) -> dict[str, str]:
     """Fits the bands of `data` (a `MultiBandImaging`) jointly
     (`equilens.solve.fit_multiband`; for `source="pixelized"` followed by
@@ -547,6 +584,7 @@ def run_fit_multiband(
         positions=positions,
         positions_sigma=positions_sigma,
         progress=progress,
+        on_stage=None if partial is None else partial.keep,
     )
     folder = os.path.dirname(os.path.abspath(json_path))
     os.makedirs(folder, exist_ok=True)
@@ -644,7 +682,7 @@ def _bands(args):
     return MultiBandImaging(bands, names)
 
 
-def run_demo(output: str, solver: str = "lm") -> dict[str, str]:
+def run_demo(output: str, solver: str = "lm", partial: Partial | None = None) -> dict[str, str]:
     """Fits the shipped HST image of SDSS J0946+1006; returns the output paths."""
     from importlib.resources import files
 
@@ -670,6 +708,7 @@ def run_demo(output: str, solver: str = "lm") -> dict[str, str]:
             "data": "SDSS J0946+1006, HST ACS F814W (see equilens/_data/SDSSJ0946+1006)",
             "published_theta_E": 1.38,
         },
+        partial=partial,
     )
     return out
 
@@ -832,15 +871,37 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     jax.config.update("jax_enable_x64", True)
+    if args.command == "demo":
+        partial = Partial(os.path.join(args.output, "demo.json"))
+    else:
+        partial = Partial(args.json)
+        partial.band_names = None
+    try:
+        return _run(args, partial)
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, what was finished written, the shell's status for SIGINT
+        written = partial.write()
+        kept = (
+            f"; the result of stage {partial.stage!r} written to {written}"
+            if written
+            else "; nothing finished to write"
+        )
+        print(f"equilens: interrupted{kept}", file=sys.stderr)
+        return 130
+
+
+def _run(args, partial: Partial) -> int:
+    """`main` after the arguments are parsed: the command run, errors as one line."""
     try:
         if args.command == "demo":
             _check_solver(args.solver)
-            return _exit(run_demo(args.output, args.solver))
+            return _exit(run_demo(args.output, args.solver, partial))
         _check_numbers(args)
         positions = _positions(args.positions)
         if args.command == "fit" and args.band:
             data = _bands(args)
             first = data.bands[0]
+            partial.band_names = data.names
         else:
             for option, value in (
                 ("IMAGE", args.image),
@@ -883,6 +944,7 @@ def main(argv: list[str] | None = None) -> int:
                 regularization=regularization,
                 strength=args.regularization_strength,
                 max_tree_depth=args.max_tree_depth,
+                partial=partial,
             )
         else:
             run = run_fit_multiband if args.band else run_fit
@@ -899,6 +961,7 @@ def main(argv: list[str] | None = None) -> int:
                 mesh=mesh,
                 regularization=regularization,
                 strength=args.regularization_strength,
+                partial=partial,
             )
     except (ValueError, OSError, RuntimeError, TypeError) as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

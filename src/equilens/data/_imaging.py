@@ -311,8 +311,10 @@ class Imaging(eqx.Module):
         combined with `mask` (True = used) and with `mask_radius` (arcsec: only pixels whose
         centre lies within it of the image centre are used). Bad pixels outside the
         combined mask (a cutout's NaN border) are ignored and counted in
-        `ignored_bad_pixels`. The PSF kernel is normalised to sum 1. Each path may name its
-        extension, `file.fits[NAME]` or `file.fits[N]` (else `hdu`).
+        `ignored_bad_pixels`. The PSF kernel is normalised to sum 1; one as large as the
+        image in either axis is refused (`ValueError`: the wrong file, e.g. the image
+        itself). Each path may name its extension, `file.fits[NAME]` or `file.fits[N]`
+        (else `hdu`).
         """
         d = _load_fits(image, hdu, "image")
         n = _load_fits(noise_map, hdu, "noise map")
@@ -327,4 +329,15 @@ class Imaging(eqx.Module):
             if not mask_radius > 0:
                 raise ValueError(f"mask_radius must be > 0 arcsec, got {mask_radius}")
             m = m & Grid(d.shape, pixel_scale).circular_mask(mask_radius)
-        return cls(d, n, PixelPSF(k), pixel_scale, mask=m, supersampling=supersampling)
+        out = cls(d, n, PixelPSF(k), pixel_scale, mask=m, supersampling=supersampling)
+        if k.shape[0] >= d.shape[0] or k.shape[1] >= d.shape[1]:
+            # (a larger kernel is refused by the constructor) a kernel is a small stamp
+            # around the PSF's peak: one as large as the image is almost surely the wrong
+            # file, the image itself passed as the PSF
+            same = " (it equals the image)" if k.shape == d.shape and np.array_equal(k, d) else ""
+            raise ValueError(
+                f"the PSF kernel {psf} ({k.shape[0]}x{k.shape[1]} pixels) is as large as the "
+                f"image ({d.shape[0]}x{d.shape[1]}){same}: a PSF file holds a small stamp of "
+                "the PSF, smaller than the image"
+            )
+        return out

@@ -1,5 +1,6 @@
-"""Fitting: `fit` (one start), `fit_batch` and `multi_start` (vmapped batches of starts or
-objectives), `search` (a global first stage: many starts screened, the best refined),
+"""Fitting: `fit` (one start), `fit_batch` and `multi_start` (batches of starts or
+objectives: a loop of compiled fits on a CPU, vmapped on an accelerator, `batch_route`),
+`search` (a global first stage: many starts screened, the best refined),
 `FitResult` and its `RESULTS` codes, `sample` (NUTS posterior draws, a `Posterior`),
 `nested_sample` (nautilus: weighted points and the evidence, a `NestedPosterior`),
 plausibility checks, saving and loading."""
@@ -7,6 +8,7 @@ plausibility checks, saving and loading."""
 from ._fit import (
     SOLVER_NAMES as SOLVER_NAMES,
     MultiStart as MultiStart,
+    batch_route as batch_route,
     fit as fit,
     fit_batch as fit_batch,
     multi_start as multi_start,

@@ -102,6 +102,7 @@ def fit_lens(
     positions_sigma: float | None = None,
     log: Callable[[str], None] | None = print,
     progress: bool = False,
+    on_stage: Callable[[str, FitResult], None] | None = None,
 ) -> FitResult:
     """Fits a lens model to `imaging` from a generic start, in three stages (the usual
     pipeline of the field, e.g. PyAutoLens's SLaM):
@@ -125,8 +126,10 @@ def fit_lens(
     `x, y` in arcsec, n >= 2) are the observed positions of the multiple images of one
     source point: they add a `PositionsTerm` (source plane, 1-sigma `positions_sigma`,
     default a pixel) to every stage, so a mass model that does not map them to one source
-    point is penalised in the search too. Returns the stage-3 `FitResult` (wall time of
-    all stages).
+    point is penalised in the search too. `on_stage(name, result)`, if given, is called
+    with each stage's `FitResult` as it ends (`"lens light"`, `"search"`, `"all free"`):
+    what a caller keeps when the run is interrupted. Returns the stage-3 `FitResult`
+    (wall time of all stages).
     """
     t0 = time.perf_counter()
     say = log or (lambda _: None)
@@ -151,8 +154,13 @@ def fit_lens(
             progress=progress,
             covariance=False,
         )
-        say(f"  stage 1 (lens light): reduced chi2 {float(r.reduced_chi2):.3f}")
+        say(
+            f"  stage 1 (lens light): reduced chi2 {float(r.reduced_chi2):.3f} "
+            f"({float(r.wall_time):.1f} s)"
+        )
         model = r.model
+        if on_stage is not None:
+            on_stage("lens light", r)
     placement = arc_placement(imaging, model) if _source_at(model) is not None else None
     if placement is not None:
         say(f"  arcs: {placement.x.size} pixels above 3 sigma place the source of each start")
@@ -172,9 +180,15 @@ def fit_lens(
         bounds=bounds,
         max_steps=max_steps,
         prepare=placement,
+        covariance=False,
     )
     say("  stage 2 (mass and source), " + found.summary().replace("\n", "\n  "))
-    say(f"    best: reduced chi2 {float(found.best.reduced_chi2):.3f}, {found.best.message()}")
+    say(
+        f"    best: reduced chi2 {float(found.best.reduced_chi2):.3f}, {found.best.message()} "
+        f"({found.wall_time:.1f} s)"
+    )
+    if on_stage is not None:
+        on_stage("search", found.best)
     r = fit(
         objective,
         found.best.model,
@@ -184,8 +198,14 @@ def fit_lens(
         throw=False,
         progress=progress,
     )
-    say(f"  stage 3 (all free): reduced chi2 {float(r.reduced_chi2):.3f}, {r.message()}")
-    return dataclasses.replace(r, wall_time=time.perf_counter() - t0)
+    say(
+        f"  stage 3 (all free): reduced chi2 {float(r.reduced_chi2):.3f}, {r.message()} "
+        f"({float(r.wall_time):.1f} s)"
+    )
+    r = dataclasses.replace(r, wall_time=time.perf_counter() - t0)
+    if on_stage is not None:
+        on_stage("all free", r)
+    return r
 
 
 def fit_multiband(
@@ -200,6 +220,7 @@ def fit_multiband(
     positions_sigma: float | None = None,
     log: Callable[[str], None] | None = print,
     progress: bool = False,
+    on_stage: Callable[[str, FitResult], None] | None = None,
 ) -> FitResult:
     """Fits one lens model to every band of `data` jointly, from a generic start:
 
@@ -212,7 +233,8 @@ def fit_multiband(
        reference band's `lens_bounds`.
 
     Returns the joint `FitResult` (its model a `MultiBandLensSystem`; wall time of both
-    stages). Profiles, positions and bounds as in `fit_lens`."""
+    stages). Profiles, positions, bounds and `on_stage` as in `fit_lens` (the joint fit's
+    stage is `"joint"`)."""
     if not isinstance(data, MultiBandImaging):
         raise TypeError(f"fit_multiband needs a MultiBandImaging, got {type(data).__name__}")
     t0 = time.perf_counter()
@@ -230,6 +252,7 @@ def fit_multiband(
         positions_sigma=positions_sigma,
         log=log,
         progress=progress,
+        on_stage=on_stage,
     )
     m = single.model
     start = MultiBandLensSystem(m.mass, m.source, m.lens_light, bands=len(data))
@@ -250,7 +273,10 @@ def fit_multiband(
     say(
         f"  joint fit of {len(data)} bands: reduced chi2 {float(r.reduced_chi2):.3f}, {r.message()}"
     )
-    return dataclasses.replace(r, wall_time=time.perf_counter() - t0)
+    r = dataclasses.replace(r, wall_time=time.perf_counter() - t0)
+    if on_stage is not None:
+        on_stage("joint", r)
+    return r
 
 
 def _einstein_radius_where(model: LensSystem) -> Callable[[LensSystem], Any]:

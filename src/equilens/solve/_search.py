@@ -20,7 +20,7 @@ from ..light import LightSum
 from ..mass import ExternalShear, MassSum
 from ..objective import Objective
 from ..objective._params import Bounds, Where
-from ._fit import SolverLike, fit, fit_batch, pick
+from ._fit import BatchRoute, SolverLike, fit, fit_batch, pick
 from ._plausible import has_field, implausible_notes, with_plausibility
 from ._result import RESULTS, FitResult
 
@@ -315,6 +315,8 @@ def search(
     n_polish: int = 32,
     polish_steps: int = 15,
     batch_size: int | None = 8,
+    covariance: bool = True,
+    route: BatchRoute = "auto",
 ) -> Search:
     """A global fit that does not depend on a lucky start.
 
@@ -338,8 +340,12 @@ def search(
        fitted on for up to `refine_steps` steps
        (`fit_batch` with `solver`, `free`, `bounds`; the batch runs until its slowest
        member stops, so a few hundred steps of hopeless starts cost as much as the rest).
-       Polishing and refining solve `batch_size` starts at a time (`fit_batch`): memory
-       grows with it (32 starts of a 110x110 image supersampled twice at once: 9 GB).
+       Polishing and refining are `fit_batch` calls (`route`: on a CPU one compiled fit
+       after another, each start stopping at its own step count; on an accelerator
+       vmapped, `batch_size` starts at a time: memory grows with it, 32 starts of a
+       110x110 image supersampled twice at once: 9 GB). `covariance=False` skips the
+       refined fits' covariances (a pipeline that fits on from the best does not need
+       them; the polishing and refining then run the same compiled program).
     3. The result is the refined fit with the lowest objective among those that reached a
        plausible model (`equilens.solve.implausible_notes`: no parameter at a bound, no
        source larger than the data, no Einstein radius beyond it or under two pixels);
@@ -389,6 +395,7 @@ def search(
             max_steps=polish_steps,
             batch_size=batch_size,
             covariance=False,
+            route=route,
         )
         polished_values = np.asarray(polished.value, dtype=float)
         keep = np.argsort(np.nan_to_num(polished_values, nan=np.inf), kind="stable")[:n_refine]
@@ -405,6 +412,8 @@ def search(
         bounds=bounds,
         max_steps=refine_steps,
         batch_size=batch_size,
+        covariance=covariance,
+        route=route,
     )
     notes = tuple(
         implausible_notes(objective, pick(refined, i).model, free=free, bounds=bounds)
@@ -429,6 +438,7 @@ def search(
             bounds=bounds,
             max_steps=max_steps,
             throw=False,
+            covariance=covariance,
         )
     return Search(
         best=best,
