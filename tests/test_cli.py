@@ -250,6 +250,15 @@ def test_a_nan_border_outside_the_mask_radius_is_ignored_and_counted(fits_files,
         _load(*args, fits_files["mask"], None, 1)
 
 
+def test_sample_help_describes_both_samplers(capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["sample", "--help"])
+    assert err.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for words in ("--sampler nuts", "--sampler nested", "log-evidence", "R-hat"):
+        assert words in text, words
+
+
 def test_unknown_command_exits_nonzero():
     with pytest.raises(SystemExit) as err:
         main(["nonsense"])

@@ -799,7 +799,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     fit.add_argument("--json", required=True, help="output JSON path (PNG written beside it)")
     smp = sub.add_parser(
-        "sample", help="fit, then draw the posterior with NUTS (pip install equilens[sampling])"
+        "sample",
+        help="fit, then draw the posterior with NUTS or nested sampling (pip install "
+        "equilens[sampling])",
+        description="Fits the data as `equilens fit` does, then samples the posterior from "
+        "the fit: --sampler nuts (default; blackjax NUTS chains on the device, --chains, "
+        "--warmup, --samples draws per chain, --max-tree-depth; R-hat and ESS) or --sampler "
+        "nested (nautilus on the Numba likelihood on the CPU cores, --live points, "
+        "--samples effective samples, a uniform prior of --prior-width errors around the "
+        "fit; also the log-evidence). Writes OUT.json, the draws as NetCDF and a corner "
+        "plot.",
     )
     smp.add_argument("image", help="image FITS file (flux per pixel)")
     smp.add_argument("--noise-map", required=True, help="1-sigma noise FITS file")
