@@ -884,7 +884,6 @@ def main(argv: list[str] | None = None) -> int:
         partial = Partial(os.path.join(args.output, "demo.json"))
     else:
         partial = Partial(args.json)
-        partial.band_names = None
     try:
         return _run(args, partial)
     except KeyboardInterrupt:
