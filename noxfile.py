@@ -3,12 +3,14 @@
 
 `nox -s tests-3.11` runs the fast suite in float64 and float32 on Python 3.11 (jax <= 0.10.1);
 `nox -s tests-3.12` on Python 3.12 with the newest jax. `nox -s slow` runs the tests marked
-`slow` (whole fits of real and simulated lenses) and every script in examples/;
+`slow` (whole fits of real and simulated lenses) and every script in examples/; `nox -s slow-ci`
+the ones of them marked `ci` (the demo and the fit command);
 `nox -s numba-boundscheck` the Numba kernels' tests with bounds checking; `nox -s sharding`
 the sharded == single-device checks on 1, 2 and 4 CPU devices (Python 3.11 and 3.12).
 `nox -s crosscheck-pyautolens` compares the pixelized evidence with PyAutoLens's (Python 3.12).
-`.ci/run` runs the README's test command, then `slow`, `numba-boundscheck`, `sharding-3.11`,
-the newest-jax fast suite, `sharding-3.12` and `crosscheck-pyautolens`."""
+`.ci/run` runs the README's test command, then, while its time allows, the newest-jax fast
+suite, `slow-ci`, `sharding-3.11`, `sharding-3.12`, `crosscheck-pyautolens` and
+`numba-boundscheck`."""
 
 import os
 import pathlib
@@ -76,6 +78,15 @@ def sharding(session: nox.Session) -> None:
     _pytest(session, "sharding", str(session.python), "float64")
 
 
+@nox.session(python="3.11", name="slow-ci")
+def slow_ci(session: nox.Session) -> None:
+    """The slow tests that `.ci/run` runs (marked `ci`): the demo fit of the HST lens (the
+    README's main job) and the `equilens fit` command end to end. Every other slow test
+    runs with `nox -s slow` (about 2 hours on the 2-core CI machine of 2026-11)."""
+    session.install("-e", ".[test,crosscheck,sampling]")
+    _pytest(session, "slow and ci", "3.11", "float64")
+
+
 @nox.session(python="3.11")
 def slow(session: nox.Session) -> None:
     """The tests marked `slow` (float64): whole fits (the HST demo, the CLI, recovery over
@@ -92,16 +103,16 @@ def _pytest(session: nox.Session, marker: str, python: str, precision: str) -> N
     """pytest on the xdist workers: the tests selected by `marker`, in `precision`."""
     env = {"EQUILENS_TEST_X64": "1" if precision == "float64" else "0"}
     # (the fast suite compiles at XLA's optimisation level 0: see tests/conftest.py)
-    env["EQUILENS_TEST_FAST_COMPILE"] = "0" if marker == "slow" else "1"
-    if marker != "slow":
+    whole_fits = marker.startswith("slow")  # the slow tests (not "not slow and ...")
+    env["EQUILENS_TEST_FAST_COMPILE"] = "0" if whole_fits else "1"
+    if not whole_fits:
         env |= _jax_cache(python, precision)
     else:
-        # The slow session compiles without the persistent cache (equilens turns it on
-        # at import: switched off here): its large fits are compiled once per run anyway
-        # (the cache would only help reruns, and it would hold gigabytes). (Its workers'
-        # crashes of 2026-11-26/27, first blamed on the cache, were the limit of memory
-        # mappings: tests/conftest.py.)
-        env["EQUILENS_COMPILATION_CACHE"] = "0"
+        # The slow tests share compiled programs through equilens's own bounded cache
+        # (4 GiB, least recently used evicted): the command-line tests fit the same data
+        # with the same options, and every slow test frees its in-memory programs when it
+        # ends (tests/conftest.py). Its own folder: these compile at XLA's default level.
+        env["EQUILENS_COMPILATION_CACHE"] = str(ROOT / ".jax-cache" / f"py{python}-slow")
     # the lenstronomy and PyAutoLens comparisons run in the crosscheck sessions, which
     # install them
     session.run(
@@ -113,6 +124,7 @@ def _pytest(session: nox.Session, marker: str, python: str, precision: str) -> N
         "--ignore=tests/test_crosscheck.py",
         "--ignore=tests/test_crosscheck_pyautolens.py",
         "-q",
+        "--durations=15",
         *session.posargs,
         env=env,
     )

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.x64_only
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_demo_fits_the_hst_lens(tmp_path, capsys):
     assert main(["demo", "--output", str(tmp_path)]) == 0
     out = json.loads((tmp_path / "demo.json").read_text())
@@ -97,6 +98,7 @@ def _args(paths, **override):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_fit_command_writes_json_and_png(fits_files, tmp_path):
     out = tmp_path / "fit.json"
     assert main([*_args(fits_files), "--json", str(out)]) == 0
@@ -117,6 +119,7 @@ def test_fit_command_writes_json_and_png(fits_files, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_fit_that_does_not_converge_exits_with_status_2(fits_files, tmp_path, capsys):
     """One solver step per fit cannot converge: the results are written, stderr says why,
     and the exit status is 2 (not 0: a failed fit is not a success; not 1: no bad input)."""
