@@ -84,7 +84,7 @@ def slow_ci(session: nox.Session) -> None:
     README's main job) and the `equilens fit` command end to end. Every other slow test
     runs with `nox -s slow` (about 2 hours on the 2-core CI machine of 2026-11)."""
     session.install("-e", ".[test,crosscheck,sampling]")
-    _pytest(session, "slow and ci", "3.11", "float64")
+    _pytest(session, "slow and ci", "3.11", "float64", whole_fits=True)
 
 
 @nox.session(python="3.11")
@@ -96,14 +96,16 @@ def slow(session: nox.Session) -> None:
     end) and the sampling extra (the samplers' lens-sized tests, the nested-sampling and
     model-comparison examples)."""
     session.install("-e", ".[test,crosscheck,sampling]")
-    _pytest(session, "slow", "3.11", "float64")
+    _pytest(session, "slow", "3.11", "float64", whole_fits=True)
 
 
-def _pytest(session: nox.Session, marker: str, python: str, precision: str) -> None:
-    """pytest on the xdist workers: the tests selected by `marker`, in `precision`."""
+def _pytest(
+    session: nox.Session, marker: str, python: str, precision: str, whole_fits: bool = False
+) -> None:
+    """pytest on the xdist workers: the tests selected by `marker`, in `precision`;
+    `whole_fits` for the slow tests (compiled as users compile, sharing a bounded cache)."""
     env = {"EQUILENS_TEST_X64": "1" if precision == "float64" else "0"}
     # (the fast suite compiles at XLA's optimisation level 0: see tests/conftest.py)
-    whole_fits = marker.startswith("slow")  # the slow tests (not "not slow and ...")
     env["EQUILENS_TEST_FAST_COMPILE"] = "0" if whole_fits else "1"
     if not whole_fits:
         env |= _jax_cache(python, precision)
