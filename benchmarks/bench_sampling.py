@@ -1,9 +1,10 @@
 """Sampling benchmark: effective samples of the Einstein radius per second of wall time,
 for NUTS (`equilens.sample`: blackjax on JAX, the chains vmapped; one after another for
 the pixelized evidence on a CPU, `chain_method="auto"`), nested sampling
-(`equilens.nested_sample`: nautilus on the Numba likelihood with 1 and 2 threads) and,
-when installed, lenstronomy's emcee on its own likelihood of the same data; in one run,
-on the same machine, float64.
+(`equilens.nested_sample`: nautilus on the Numba likelihood in 1 and 2 worker processes)
+and, when installed, lenstronomy's emcee on its own likelihood of the same data; then the
+nested likelihood's throughput in 1 and 2 threads and processes (`throughput`); in one
+run, on the same machine, float64.
 
 - Parametric: bench_fit's 100x100 lens (SIE + shear, Sersic lens light and source, 19
   non-linear parameters, amplitudes solved linearly; 2.5" mask, 21x21 PSF).
@@ -18,7 +19,7 @@ over its chains; nested, the Kish size of the importance weights; emcee, blackja
 ESS over the walkers (which are correlated, so this is optimistic for emcee). Nested
 sampling's prior: the fit +- 10 Laplace errors. The load average is printed; run with
 `nox -s bench` or
-`python benchmarks/bench_sampling.py [--quick] [--only parametric|pixelized]`.
+`python benchmarks/bench_sampling.py [--quick] [--only parametric|pixelized|throughput]`.
 """
 
 import argparse
@@ -73,11 +74,11 @@ def run_nuts(objective, result, free, chains, warmup, draws, depth=10):
     return wall, ess, f"R-hat {rhat:.3f}, {steps:.0f} leapfrog steps/draw"
 
 
-def run_nested(objective, result, free, threads, n_eff):
+def run_nested(objective, result, free, processes, n_eff):
     t0 = time.perf_counter()
     post = el.nested_sample(
         objective, result, free=free, box_width=10.0, n_live=1000, n_eff=n_eff,
-        n_networks=2, threads=threads, seed=0,
+        n_networks=2, processes=processes, threads=1, seed=0,
     )  # fmt: skip
     wall = time.perf_counter() - t0
     return (
@@ -200,14 +201,16 @@ def main() -> None:
         "--repeats", type=int, default=1, help="(nox -s bench's shared option: each run is once)"
     )
     parser.add_argument(
-        "--only", choices=["parametric", "pixelized"], help="run one of the two problems"
+        "--only",
+        choices=["parametric", "pixelized", "throughput"],
+        help="run one of the problems, or the likelihood throughput alone",
     )
     args = parser.parse_args()
     q = args.quick
     load = os.getloadavg()[0]
     print(f"device: {jax.devices()[0].device_kind}, load average {load:.2f}, float64")
 
-    if args.only != "pixelized":
+    if args.only in (None, "parametric"):
         _, data, start = parametric_setup()
         objective = el.Objective(el.GaussianLikelihood(data))
         result = el.fit(objective, start, "lm", max_steps=300)
@@ -217,16 +220,16 @@ def main() -> None:
             "NUTS, 4 chains",
             run_nuts(objective, result, None, 4, *((100, 100) if q else (200, 300))),
         )
-        for threads in (1, 2):
+        for processes in (1, 2):
             row(
-                f"nested, {threads} thread(s)",
-                run_nested(objective, result, None, threads, 500 if q else 2000),
+                f"nested, {processes} process(es)",
+                run_nested(objective, result, None, processes, 500 if q else 2000),
             )
         emcee = run_emcee(data, result, 4, *((50, 50) if q else (500, 500)))
         if emcee is not None:
             row("lenstronomy emcee", emcee)
 
-    if args.only != "parametric":
+    if args.only in (None, "pixelized"):
         data, objective, start, free = pixelized_setup()
         result = el.fit(objective, start, "bfgs", free=free, max_steps=500)
         print(f"pixelized 60x60 (20x20 mesh): {result.n_free} parameters, fit: {result.message()}")
@@ -234,12 +237,61 @@ def main() -> None:
         # (trees capped at 64 steps: the evidence is smooth only piecewise, docs/sampling.md)
         nuts = run_nuts(objective, result, free, 4, *((50, 50) if q else (150, 200)), depth=6)
         row("NUTS, 4 chains", nuts)
-        for threads in (1, 2):
+        for processes in (1, 2):
             row(
-                f"nested, {threads} thread(s)",
-                run_nested(objective, result, free, threads, 300 if q else 1000),
+                f"nested, {processes} process(es)",
+                run_nested(objective, result, free, processes, 300 if q else 1000),
             )
+    if args.only in (None, "throughput"):
+        throughput(100 if q else 400)
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+
+
+def throughput(n_points: int) -> None:
+    """Nested sampling's likelihood throughput (points per second over one batch of
+    `n_points`, as nautilus hands them over) on bench_fit's 100x100 lens with the CLI's
+    default model (SIE + shear, a 20-Gaussian MGE lens light and a Sersic source, the
+    amplitudes non-negative; 17 parameters): in this process with 1 and 2 Numba threads,
+    and in 1 and 2 worker processes of one thread (`nested_sample`'s default on a CPU).
+    Each median of 3."""
+    from equilens.numba._terms import density
+    from equilens.solve._fit import parametrisation
+    from equilens.solve._start import start_model
+    from equilens.solve._workers import DensityPool
+
+    _, data, _ = parametric_setup()
+    objective = el.Objective(el.GaussianLikelihood(data, nonnegative=True))
+    start = start_model(data, "sie+shear", "mge", "sersic")
+    param = parametrisation(objective, start, None, None)
+    here = density(objective, start, param, "numba")
+    rng = np.random.default_rng(0)
+    points = here.x0 + 1e-3 * rng.standard_normal((n_points, here.x0.size))
+
+    def rate(evaluate) -> float:
+        evaluate(points[:4])
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            evaluate(points)
+            times.append(time.perf_counter() - t0)
+        return n_points / float(np.median(times))
+
+    import numba
+
+    rows = {}
+    before = numba.get_num_threads()
+    for threads in (1, 2):
+        numba.set_num_threads(threads)
+        rows[f"this process, {threads} Numba thread(s)"] = rate(lambda p: [here.f(v) for v in p])
+    numba.set_num_threads(before)
+    for n in (1, 2):
+        with DensityPool(objective, start, param, "numba", n) as pool:
+            rows[f"{n} worker process(es), 1 thread each"] = rate(pool)
+    base = rows["this process, 1 Numba thread(s)"]
+    print(f"likelihood throughput, 100x100 lens, MGE lens light, {n_points} points")
+    print(f"  {'evaluated in':<40}{'points/s':>10}{'x 1 thread':>12}")
+    for name, r in rows.items():
+        print(f"  {name:<40}{r:10.1f}{r / base:12.2f}")
 
 
 class Rows:

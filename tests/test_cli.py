@@ -258,8 +258,66 @@ def test_sample_help_describes_both_samplers(capsys):
         main(["sample", "--help"])
     assert err.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    for words in ("--sampler nuts", "--sampler nested", "log-evidence", "R-hat"):
+    for words in ("--sampler nuts", "--sampler nested", "--sampler auto", "log-evidence", "R-hat"):
         assert words in text, words
+
+
+def test_sample_picks_nested_sampling_on_a_cpu():
+    from equilens.cli import choose_sampler
+
+    assert jax.default_backend() == "cpu"
+    name, why = choose_sampler()
+    assert name == "nested" and "on a CPU" in why and "core" in why
+
+
+def test_ctrl_c_during_nested_sampling_writes_the_points_so_far(
+    fits_files, tmp_path, capsys, monkeypatch
+):
+    """`equilens sample` interrupted while nested sampling: the posterior so far written
+    (JSON marked "interrupted", NetCDF, corner plot), one line, exit status 130. (The fit
+    is a short one and the interruption is raised by the sampler's stand-in: this checks
+    the command's handling, test_nested.py the sampler's.)"""
+    pytest.importorskip("nautilus")
+    pytest.importorskip("arviz")
+    pytest.importorskip("corner")
+    import equilens.solve as solve
+    from equilens.objective import Objective
+    from equilens.solve._fit import parametrisation
+    from equilens.solve._start import start_model
+
+    def short_fit(imaging, mass, lens_light, source, **kwargs):
+        objective = Objective(el.GaussianLikelihood(imaging, nonnegative=True))
+        return el.fit(
+            objective, start_model(imaging, mass, lens_light, source), max_steps=2, throw=False
+        )
+
+    def interrupted(objective, result, **kwargs):
+        param = parametrisation(objective, result.model, None, None)
+        rng = np.random.default_rng(0)
+        values = np.asarray(result.values)
+        points = values + 1e-3 * rng.standard_normal((50, values.size))
+        post = el.NestedPosterior(
+            points=points, log_weights=np.full(50, -np.log(50.0)),
+            log_likelihood=np.zeros(50), log_evidence=1.0, log_evidence_error=0.5,
+            n_eff=50.0, n_likelihood=50, box=np.stack([values - 1, values + 1], axis=1),
+            template=result.model, parametrisation=param, names=tuple(result.names),
+            backend="numba", status="interrupted",
+        )  # fmt: skip
+        raise el.NestedInterrupted(post)
+
+    monkeypatch.setattr(solve, "fit_lens", short_fit)
+    monkeypatch.setattr(solve, "nested_sample", interrupted)
+    out = tmp_path / "stopped.json"
+    argv = _sample_args(fits_files, "--mass", "sie", "--lens-light", "none")
+    assert main([*argv, "--sampler", "nested", "--json", str(out)]) == 130
+    post = json.loads(out.read_text())["posterior"]
+    assert post["status"] == "interrupted" and post["likelihood_calls"] == 50
+    assert (tmp_path / "stopped.nc").stat().st_size > 0
+    assert (tmp_path / "stopped_corner.png").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"equilens: interrupted; the result of stage 'nested sampling' written to {out}"
+    )
 
 
 def test_unknown_command_exits_nonzero():
@@ -400,7 +458,8 @@ def test_sample_command_writes_posterior_netcdf_and_corner(fits_files, tmp_path,
     pytest.importorskip("blackjax")
     pytest.importorskip("arviz")
     out = tmp_path / "post.json"
-    argv = _sample_args(fits_files, "--chains", "2", "--warmup", "200", "--samples", "300")
+    argv = _sample_args(fits_files, "--sampler", "nuts", "--chains", "2", "--warmup", "200")
+    argv += ["--samples", "300"]
     code = main([*argv, "--json", str(out)])
     result = json.loads(out.read_text())
     post = result["posterior"]

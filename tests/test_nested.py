@@ -3,6 +3,7 @@ analytic posteriors and evidences: the linear-Gaussian amplitude problem of
 test_sample.py under a uniform box prior and under a Gaussian prior on one amplitude, and
 a truncated-normal prior transform."""
 
+import functools
 import importlib.util
 import json
 import math
@@ -304,3 +305,113 @@ def test_pixelized_source_marginalised_nested_and_nuts():
     mc = np.sqrt(sd**2 / post.n_eff + sd**2 / np.asarray(nuts.ess()))
     np.testing.assert_array_less(np.abs(np.asarray(nuts.mean()) - post.mean()), 4 * mc)
     np.testing.assert_allclose(np.asarray(nuts.std()), sd, rtol=0.25)
+
+
+SMALL = {"n_live": 100, "n_eff": 300, "n_networks": 1}
+
+
+@functools.cache
+def _small_problem():
+    """Two amplitudes of a 30x30 lens, their Gaussian posterior in a +- 8 sigma box (made
+    once per process)."""
+    truth, term, free = _amplitude_problem()
+    objective = el.Objective(term)
+    return objective, el.fit(objective, truth, free=free), free
+
+
+def test_worker_processes_evaluate_what_this_process_does():
+    """`DensityPool`: the log-densities of a batch from two worker processes (fresh
+    interpreters, one Numba thread each) equal this process's, in order; a worker's
+    error comes back with its traceback; the workers are gone after `close`."""
+    from equilens.numba._terms import density
+    from equilens.solve._fit import parametrisation
+    from equilens.solve._workers import DensityPool
+
+    objective, fit, free = _small_problem()
+    param = parametrisation(objective, fit.model, free, None)
+    here = density(objective, fit.model, param, "numba")
+    points = here.x0 + np.array([[0.0, 0.0], [0.1, -0.2], [-0.3, 0.05], [2.0, 1.0], [0.2, 0.2]])
+    expected = np.array([here.f(v) for v in points])
+    with DensityPool(objective, fit.model, param, "numba", 2) as pool:
+        assert pool.size == 2
+        got = pool(points)
+        np.testing.assert_allclose(got, expected, rtol=1e-13)
+        assert got[0] > got[3]  # (the start is the best of them)
+        procs = list(pool.workers)
+        with pytest.raises(RuntimeError, match="expected a vector of 2 parameters"):
+            pool(np.zeros((3, 5)))
+    assert all(p.poll() is not None for p in procs)
+
+
+def test_nested_sampling_in_worker_processes_is_the_same_run(capsys):
+    """The same seed gives the same points and evidence with the likelihood in two worker
+    processes as in this process (nautilus's batches split between them, in order); the
+    progress lines name the phase and end with the totals."""
+    objective, fit, free = _small_problem()
+    one = el.nested_sample(objective, fit, free=free, box_width=8.0, seed=2, processes=1, **SMALL)
+    two = el.nested_sample(
+        objective, fit, free=free, box_width=8.0, seed=2, processes=2, progress=True, **SMALL
+    )  # fmt: skip
+    assert one.status == two.status == "finished"
+    assert one.n_likelihood == two.n_likelihood
+    np.testing.assert_allclose(two.points, one.points, rtol=1e-12)
+    assert two.log_evidence == pytest.approx(one.log_evidence, rel=1e-12)
+    err = capsys.readouterr().err
+    assert "nested: finished:" in err and f"{two.n_likelihood:,} likelihood calls" in err
+
+
+def test_ctrl_c_keeps_the_points_so_far(monkeypatch):
+    """Ctrl-C (SIGINT sent to this process by the likelihood's 451st call) ends
+    `nested_sample` after the batch it interrupted with `NestedInterrupted`, a
+    KeyboardInterrupt carrying the points evaluated so far as an interrupted
+    `NestedPosterior`; the SIGINT handler is this process's again afterwards."""
+    import os
+    import signal
+
+    import equilens.numba._terms as terms
+
+    objective, fit, free = _small_problem()
+    real = terms.density
+    calls = {"n": 0}
+
+    def interrupted_density(*args, **kwargs):
+        dens = real(*args, **kwargs)
+
+        def f(v):
+            calls["n"] += 1
+            if calls["n"] == 451:
+                os.kill(os.getpid(), signal.SIGINT)
+            return dens.f(v)
+
+        return dens._replace(f=f)
+
+    monkeypatch.setattr(terms, "density", interrupted_density)
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt) as info:
+        el.nested_sample(objective, fit, free=free, box_width=8.0, processes=1, **SMALL)
+    assert isinstance(info.value, el.NestedInterrupted)
+    post = info.value.posterior
+    assert post is not None and post.status == "interrupted"
+    assert 450 < post.n_likelihood == calls["n"] and post.to_dict()["status"] == "interrupted"
+    assert np.all(np.isfinite(post.points)) and len(post.points) == post.n_likelihood
+    assert "interrupted" in post.summary()
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_workers_that_cannot_start_leave_the_likelihood_here_with_a_warning(monkeypatch):
+    """Worker processes that cannot hold the likelihood (here: refused at start) make the
+    automatic choice (`processes=None`) evaluate it in this process, with a warning that
+    says so; asked for explicitly, they are an error."""
+    import equilens.solve._nested as nested
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("an equilens likelihood worker failed:\nno such module")
+
+    monkeypatch.setattr(nested, "DensityPool", refused)
+    monkeypatch.setattr(nested, "_usable_cores", lambda: 2)
+    objective, fit, free = _small_problem()
+    with pytest.warns(UserWarning, match="evaluated in this process.*no such module"):
+        post = el.nested_sample(objective, fit, free=free, box_width=8.0, **SMALL)
+    assert post.status == "finished" and post.n_eff > 200
+    with pytest.raises(RuntimeError, match="no such module"):
+        el.nested_sample(objective, fit, free=free, box_width=8.0, processes=2, **SMALL)

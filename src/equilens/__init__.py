@@ -51,6 +51,7 @@ from .regularization import (
 from .solve import (
     RESULTS as RESULTS,
     FitResult as FitResult,
+    NestedInterrupted as NestedInterrupted,
     NestedPosterior as NestedPosterior,
     Posterior as Posterior,
     fit as fit,

@@ -32,16 +32,20 @@ followed by a pixelized source in every band, on one mesh (built on the first ba
 regularization strength per band, fitted by the sum of the bands' evidences
 (`equilens.solve.fit_multiband_pixelized`; OUT_<band>_source.fits per band).
 
-`equilens sample IMAGE.fits --noise-map ... --psf ... --pixel-scale ... [--sampler nuts]
+`equilens sample IMAGE.fits --noise-map ... --psf ... --pixel-scale ... [--sampler auto]
 [--chains 4] [--warmup 500] [--samples N] [--seed 0] --json OUT.json` (the model options
 as for one image; with `--source pixelized`, the mass's parameters are sampled with the
 source marginalised by the evidence, the regularization held as fitted) fits, then samples
 the posterior from the fit (`pip install equilens[sampling]`): with NUTS chains
 (`equilens.sample`; `--samples` draws per chain, default 1000; `--max-tree-depth`, default
 10, 6 for a pixelized source) or, with `--sampler nested`, nautilus on the Numba likelihood
-(`equilens.nested_sample`; uniform priors on the fit +- `--prior-width` (10) errors inside
-the class bounds, `--live` points, `--samples` effective samples, default 10000), which
-also gives the log-evidence. OUT.json holds the fit and, per parameter, the posterior
+in one worker process per CPU core (`equilens.nested_sample`; uniform priors on the fit +-
+`--prior-width` (10) errors inside the class bounds, `--live` points, `--samples`
+effective samples, default 10000, progress every 10 s with an estimate of the time left),
+which also gives the log-evidence. `--sampler auto` (the default) is nested sampling when
+JAX runs on the CPU (and Numba and nautilus are installed), NUTS on an accelerator; the
+choice is printed. Ctrl-C during nested sampling writes the points so far (status
+"interrupted") and exits 130. OUT.json holds the fit and, per parameter, the posterior
 `mean`, `std`, `p16`, `p50`, `p84` (NUTS: `ess`, `rhat`; nested: the prior interval, and
 `log_evidence` with its error); the draws are written as NetCDF (OUT.nc, ArviZ) and a
 corner plot as OUT_corner.png; exit status 2 when NUTS did not converge (an R-hat at or
@@ -215,12 +219,16 @@ class Partial:
         self.stage: str | None = None
         self.result: Any = None
         self.band_names: Any = None
+        #: set when the run wrote its interrupted result itself (`equilens sample`)
+        self.written: str | None = None
 
     def keep(self, stage: str, result: Any) -> None:
         self.stage, self.result = stage, result
 
     def write(self) -> str | None:
         """Writes the kept result (None when there is none, or no path); returns the path."""
+        if self.written is not None:
+            return self.written
         if self.result is None or self.json_path is None:
             return None
         from .solve import write_json
@@ -376,7 +384,7 @@ def run_sample(
     positions=None,
     positions_sigma: float | None = None,
     title: str = "",
-    sampler: str = "nuts",
+    sampler: str = "auto",
     n_live: int = 1000,
     prior_width: float = 10.0,
     mesh: str = "rectangular",
@@ -388,7 +396,8 @@ def run_sample(
     """Fits `imaging` as `run_fit` does, then samples the posterior over the same
     objective (for `source="pixelized"`: the mass's parameters with the source
     marginalised, the `LogEvidence` the likelihood, the regularization held at its fitted
-    strength and the lens light as fitted): `sampler="nuts"` with NUTS (`equilens.sample`,
+    strength and the lens light as fitted): `sampler="auto"` picks one (`choose_sampler`),
+    `sampler="nuts"` samples with NUTS (`equilens.sample`,
     started from the fit; `n_samples` draws per chain, default 1000; `max_tree_depth`
     default 10, 6 for a pixelized source) or `"nested"` with nautilus
     (`equilens.nested_sample` on the Numba likelihood, a uniform prior on the fit +-
@@ -404,18 +413,20 @@ def run_sample(
     import numpy as np
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     from .objective import Objective, select
-    from .solve import fit_lens, nested_sample, result_to_dict, sample, threshold_term
+    from .solve import NestedInterrupted, fit_lens, nested_sample, sample, threshold_term
     from .solve._pipeline import _evidence_fit, _positions_term
     from .terms import GaussianLikelihood, LogEvidence
 
     pixelized = source == "pixelized"
     pix_mesh = make_mesh(mesh, imaging) if pixelized else None
     pix_reg = make_regularization(regularization, strength) if pixelized else None
-    if sampler not in ("nuts", "nested"):
-        raise ValueError(f"--sampler must be nuts or nested, got {sampler!r}")
+    if sampler not in ("auto", "nuts", "nested"):
+        raise ValueError(f"--sampler must be auto, nuts or nested, got {sampler!r}")
+    why = ""
+    if sampler == "auto":
+        sampler, why = choose_sampler()
     nested = sampler == "nested"
     if n_samples is None:
         n_samples = 10000 if nested else 1000
@@ -428,7 +439,7 @@ def run_sample(
     print(
         f"equilens: sampling {mass} mass, {lens_light or 'no'} lens light, {source} source "
         f"on {imaging.shape[0]}x{imaging.shape[1]} pixels ({int(imaging.mask.sum())} in the "
-        f"mask): a fit, then {how}"
+        f"mask): a fit, then {how}" + (f" ({why})" if why else "")
     )
     progress = sys.stderr.isatty()
     result = fit_lens(
@@ -473,16 +484,28 @@ def run_sample(
             terms.append(_positions_term(positions, positions_sigma, imaging.pixel_scale))
         objective = Objective(terms)
     print(result.table())
+    folder = os.path.dirname(os.path.abspath(json_path))
+    os.makedirs(folder, exist_ok=True)
+    base = os.path.splitext(json_path)[0]
+    out = {"json": json_path, "netcdf": base + ".nc", "corner": base + "_corner.png"}
     if nested:
-        post: Any = nested_sample(
-            objective,
-            result,
-            free=free,
-            box_width=prior_width,
-            n_live=n_live,
-            n_eff=n_samples,
-            seed=seed,
-        )
+        try:
+            post: Any = nested_sample(
+                objective,
+                result,
+                free=free,
+                box_width=prior_width,
+                n_live=n_live,
+                n_eff=n_samples,
+                seed=seed,
+                progress=True,
+            )
+        except NestedInterrupted as stop:
+            # Ctrl-C: the points so far written (marked), then the interruption goes on
+            if stop.posterior is not None and partial is not None:
+                _write_posterior(stop.posterior, result, out, title)
+                partial.stage, partial.written = "nested sampling", json_path
+            raise
     else:
         post = sample(
             jax.random.key(seed),
@@ -495,21 +518,7 @@ def run_sample(
             max_tree_depth=(6 if pixelized else 10) if max_tree_depth is None else max_tree_depth,
         )
     print(post.summary())
-    folder = os.path.dirname(os.path.abspath(json_path))
-    os.makedirs(folder, exist_ok=True)
-    base = os.path.splitext(json_path)[0]
-    out = {"json": json_path, "netcdf": base + ".nc", "corner": base + "_corner.png"}
-    with atomic_path(out["netcdf"]) as tmp:
-        post.to_arviz().to_netcdf(tmp)
-    fig = post.corner(truths=list(map(float, result.values)))
-    if title:
-        fig.suptitle(title)
-    with atomic_path(out["corner"]) as tmp:
-        fig.savefig(tmp, dpi=80)
-    plt.close(fig)
-    summary = post.to_dict()
-    with atomic_path(json_path) as tmp, open(tmp, "w") as f:
-        json.dump({"fit": result_to_dict(result), "posterior": summary}, f, indent=2)
+    summary = _write_posterior(post, result, out, title)
     print(
         f"  result: {json_path}\n  draws: {out['netcdf']}\n  corner plot: {out['corner']}\n"
         f"  wall time {time.perf_counter() - t0:.1f} s"
@@ -531,6 +540,47 @@ def run_sample(
         f"{summary['divergent']} divergent transitions (run longer chains)"
     )
     return out
+
+
+def choose_sampler() -> tuple[str, str]:
+    """`equilens sample --sampler auto`'s choice and why: nested sampling (nautilus on
+    the Numba likelihood, one worker process per core) when JAX runs on the CPU and Numba
+    and nautilus are installed; NUTS (gradients on the device) on an accelerator."""
+    import importlib.util
+
+    import jax
+
+    from .numba._runtime import numba_available
+
+    if jax.default_backend() != "cpu":
+        return "nuts", f"auto: NUTS on the {jax.default_backend()}"
+    if not numba_available() or importlib.util.find_spec("nautilus") is None:
+        return "nuts", "auto: NUTS, as Numba or nautilus is not installed"
+    from .solve._workers import _usable_cores
+
+    n = _usable_cores()
+    return "nested", f"auto: on a CPU, nested sampling on {n} core{'s' * (n > 1)}"
+
+
+def _write_posterior(post: Any, result: Any, out: dict[str, str], title: str) -> dict:
+    """The posterior's NetCDF draws, corner plot and JSON (with the fit) at `out`'s paths;
+    returns the posterior's summary dict."""
+    import matplotlib.pyplot as plt
+
+    from .solve import result_to_dict
+
+    with atomic_path(out["netcdf"]) as tmp:
+        post.to_arviz().to_netcdf(tmp)
+    fig = post.corner(truths=list(map(float, result.values)))
+    if title:
+        fig.suptitle(title)
+    with atomic_path(out["corner"]) as tmp:
+        fig.savefig(tmp, dpi=80)
+    plt.close(fig)
+    summary = post.to_dict()
+    with atomic_path(out["json"]) as tmp, open(tmp, "w") as f:
+        json.dump({"fit": result_to_dict(result), "posterior": summary}, f, indent=2)
+    return summary
 
 
 def run_fit_multiband(
@@ -803,12 +853,13 @@ def main(argv: list[str] | None = None) -> int:
         help="fit, then draw the posterior with NUTS or nested sampling (pip install "
         "equilens[sampling])",
         description="Fits the data as `equilens fit` does, then samples the posterior from "
-        "the fit: --sampler nuts (default; blackjax NUTS chains on the device, --chains, "
+        "the fit: --sampler nuts (blackjax NUTS chains on the device, --chains, "
         "--warmup, --samples draws per chain, --max-tree-depth; R-hat and ESS) or --sampler "
-        "nested (nautilus on the Numba likelihood on the CPU cores, --live points, "
-        "--samples effective samples, a uniform prior of --prior-width errors around the "
-        "fit; also the log-evidence). Writes OUT.json, the draws as NetCDF and a corner "
-        "plot.",
+        "nested (nautilus on the Numba likelihood in one process per CPU core, --live "
+        "points, --samples effective samples, a uniform prior of --prior-width errors around "
+        "the fit; also the log-evidence; progress with the time left). --sampler auto "
+        "(default): nested on a CPU, NUTS on an accelerator. Writes OUT.json, the draws as "
+        "NetCDF and a corner plot; Ctrl-C during nested sampling writes the points so far.",
     )
     smp.add_argument("image", help="image FITS file (flux per pixel)")
     smp.add_argument("--noise-map", required=True, help="1-sigma noise FITS file")
@@ -835,10 +886,11 @@ def main(argv: list[str] | None = None) -> int:
     smp.add_argument("--positions-sigma", type=float, help="1-sigma of the positions (arcsec)")
     smp.add_argument(
         "--sampler",
-        default="nuts",
-        choices=["nuts", "nested"],
-        help="nuts (blackjax NUTS chains on device) or nested (nautilus on the Numba "
-        "likelihood: the posterior and the log-evidence)",
+        default="auto",
+        choices=["auto", "nuts", "nested"],
+        help="nuts (blackjax NUTS chains on device), nested (nautilus on the Numba "
+        "likelihood: the posterior and the log-evidence) or auto (default: nested on a CPU, "
+        "NUTS on an accelerator)",
     )
     smp.add_argument(
         "--chains",

@@ -23,7 +23,11 @@ from ._io import (
     save as save,
     write_json as write_json,
 )
-from ._nested import NestedPosterior as NestedPosterior, nested_sample as nested_sample
+from ._nested import (
+    NestedInterrupted as NestedInterrupted,
+    NestedPosterior as NestedPosterior,
+    nested_sample as nested_sample,
+)
 from ._pipeline import (
     auto_positions as auto_positions,
     fit_lens as fit_lens,

@@ -14,6 +14,12 @@ models' `log_evidence` differences are log Bayes factors.
 """
 
 import math
+import pickle
+import signal
+import sys
+import threading
+import time
+import warnings
 from typing import Any
 
 import equinox as eqx
@@ -27,6 +33,7 @@ from ..objective import Objective, Parametrisation
 from ..terms import GaussianPrior, UniformPrior
 from ._result import FitResult
 from ._sample import QUANTILES, format_summary, parameter_summary
+from ._workers import DensityPool, _usable_cores
 
 
 class NestedPosterior(eqx.Module):
@@ -51,6 +58,9 @@ class NestedPosterior(eqx.Module):
       puts a point back into a model).
     - `names`, `backend` (static): the parameter names and the likelihood's backend
       ("numba" or "jax").
+    - `status` (static): `"finished"` (nautilus reached `n_eff` with the live set's
+      evidence below `f_live`) or `"interrupted"` (Ctrl-C: the points so far, carried by
+      `NestedInterrupted`; before the exploration ended they are not a posterior).
     """
 
     points: Float[np.ndarray, "n n_params"]
@@ -65,6 +75,7 @@ class NestedPosterior(eqx.Module):
     parametrisation: Parametrisation
     names: tuple[str, ...] = eqx.field(static=True)
     backend: str = eqx.field(static=True)
+    status: str = eqx.field(static=True, default="finished")
 
     @property
     def weights(self) -> Float[np.ndarray, " n"]:
@@ -124,6 +135,7 @@ class NestedPosterior(eqx.Module):
             "n_eff": float(self.n_eff),
             "likelihood_calls": int(self.n_likelihood),
             "sampler": "nautilus",
+            "status": self.status,
         }
 
     def summary(self) -> str:
@@ -134,7 +146,7 @@ class NestedPosterior(eqx.Module):
             d["parameters"],
             f"log Z = {d['log_evidence']:.3f} +- {d['log_evidence_error']:.3f} (nautilus, "
             f"{d['n_eff']:.0f} effective samples, {d['likelihood_calls']} likelihood calls "
-            f"on {self.backend})",
+            f"on {self.backend}{'' if self.status == 'finished' else ', ' + self.status})",
         )
 
     def to_arviz(self, n: int | None = None, seed: int = 0) -> Any:
@@ -163,6 +175,16 @@ class NestedPosterior(eqx.Module):
         return corner.corner(
             self.points, weights=self.weights, labels=list(self.names), truths=truths, **kwargs
         )
+
+
+class NestedInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `equilens.nested_sample`: a `KeyboardInterrupt` that carries the
+    sampler's points so far as `posterior` (a `NestedPosterior` with `status
+    "interrupted"`; None when no batch had finished)."""
+
+    def __init__(self, posterior: "NestedPosterior | None"):
+        super().__init__("nested sampling interrupted")
+        self.posterior = posterior
 
 
 class _Prior:
@@ -232,6 +254,8 @@ def nested_sample(
     seed: int = 0,
     backend: str = "auto",
     threads: int | None = None,
+    processes: int | None = None,
+    progress: bool = False,
     verbose: bool = False,
 ) -> NestedPosterior:
     """Samples the posterior of the free parameters and computes the evidence with the
@@ -260,8 +284,19 @@ def nested_sample(
     - `seed`: nautilus's random seed (runs are reproducible with the same seed and
       threads).
     - `backend`: "auto", "numba" or "jax" (`equilens.numba.log_density`).
-    - `threads`: Numba threads for the likelihood during this call (default: Numba's
-      current setting, all cores); restored afterwards.
+    - `processes`: worker processes evaluating nautilus's batches of points in parallel
+      (`equilens.solve._workers.DensityPool`: each a fresh interpreter holding the
+      likelihood, a share of each batch per process). Default: one per usable CPU core
+      when the likelihood runs on Numba, none (1: in this process) on JAX. They start in
+      a few seconds and are stopped when the call returns or is interrupted.
+    - `threads`: Numba threads per likelihood call: in each worker process (default 1),
+      or in this process with `processes=1` (default: Numba's current setting, all
+      cores; restored afterwards).
+    - `progress`: print a line every `PROGRESS_EVERY` seconds to standard error: the phase
+      (exploring, sampling), likelihood calls and their rate, log Z so far and an estimate
+      of the time left (see `_Progress`). `verbose`: nautilus's own status table.
+
+    Ctrl-C raises `NestedInterrupted` (a `KeyboardInterrupt`) carrying the points so far.
 
     Returns a `NestedPosterior` (weighted points, `log_evidence` and its error). Needs
     `nautilus-sampler` (`pip install equilens[sampling]`).
@@ -280,8 +315,11 @@ def nested_sample(
             )
     if not 0.0 < float(f_live) < 1.0:
         raise ValueError(f"nested_sample: f_live must be in (0, 1), got {f_live}")
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"nested_sample: threads must be a positive integer, got {threads!r}")
+    for name, value in (("threads", threads), ("processes", processes)):
+        if value is not None and (
+            not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1
+        ):
+            raise ValueError(f"nested_sample: {name} must be a positive integer, got {value!r}")
 
     fitted = isinstance(start, FitResult)
     template = start.model if fitted else start
@@ -375,44 +413,218 @@ def nested_sample(
     # the likelihood over the same parameters (the uniform priors' bounds apply there too)
     dens = density(like_objective, template, param, backend)
     prior = _Prior(box, mean, sigma)
-
-    def run() -> Any:
-        sampler = Sampler(
-            prior,
-            dens.f,
-            n_dim=n,
-            n_live=int(n_live),
-            n_networks=int(n_networks),
-            seed=int(seed),
-        )
-        sampler.run(f_live=float(f_live), n_eff=int(n_eff), verbose=verbose)
-        return sampler
-
-    if threads is not None and dens.backend == "numba":
-        import numba
-
-        before = numba.get_num_threads()
-        numba.set_num_threads(threads)  # (a ValueError above NUMBA_NUM_THREADS)
+    auto = processes is None
+    if processes is None:
+        processes = _usable_cores() if dens.backend == "numba" else 1
+    workers = None
+    if processes > 1:
         try:
-            sampler = run()
-        finally:
-            numba.set_num_threads(before)
-    else:
-        sampler = run()
-    points, log_w, log_l = sampler.posterior()
-    w = np.exp(log_w)
-    n_eff_kish = float(1.0 / np.sum(w**2))
-    return NestedPosterior(
-        points=np.asarray(points, np.float64),
-        log_weights=np.asarray(log_w, np.float64),
-        log_likelihood=np.asarray(log_l, np.float64),
-        log_evidence=float(sampler.log_z),
-        log_evidence_error=float(1.0 / math.sqrt(max(float(sampler.n_eff), 1.0))),
-        n_eff=n_eff_kish,
-        n_likelihood=int(sampler.n_like),
-        box=box,
-        template=template,
-        parametrisation=param,
-        names=names,
-        backend=dens.backend,
+            workers = DensityPool(
+                like_objective, template, param, dens.backend, processes, threads or 1
+            )
+        except (RuntimeError, OSError, TypeError, AttributeError, pickle.PicklingError) as err:
+            if not auto:
+                raise
+            warnings.warn(
+                f"nested_sample: the likelihood is evaluated in this process, as worker "
+                f"processes could not hold it ({str(err).strip().splitlines()[-1]})",
+                stacklevel=2,
+            )
+
+    def likelihood(points: np.ndarray) -> np.ndarray:
+        if workers is not None:
+            return workers(points)
+        return np.array([dens.f(v) for v in np.atleast_2d(points)], np.float64)
+
+    cov = None
+    if fitted and tuple(start.names) == names:
+        cov = np.asarray(start.covariance, np.float64)
+    report = _Progress(prior, cov, v0, n_eff, f_live) if progress else None
+    sampler = Sampler(
+        prior,
+        likelihood,
+        n_dim=n,
+        n_live=int(n_live),
+        n_networks=int(n_networks),
+        vectorized=True,
+        seed=int(seed),
     )
+
+    def run() -> None:
+        if verbose:  # (nautilus's own table, in one call)
+            sampler.run(f_live=float(f_live), n_eff=int(n_eff), verbose=True)
+            return
+        # in slices of SLICE seconds (nautilus resumes where it stopped): between two, a
+        # line of progress when one is due, and the end of the run after a Ctrl-C, which
+        # only sets a flag while a batch is evaluated (interrupted inside one, nautilus's
+        # state is no posterior)
+        stop = threading.Event()
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            if stop.is_set():
+                raise KeyboardInterrupt  # (a second Ctrl-C: at once)
+            stop.set()
+            print(
+                "  nested: stopping after this batch (Ctrl-C again to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        main = threading.current_thread() is threading.main_thread()
+        before = signal.signal(signal.SIGINT, on_sigint) if main else None
+        last = time.perf_counter()
+        try:
+            while not sampler.run(f_live=float(f_live), n_eff=int(n_eff), timeout=SLICE):
+                if stop.is_set():
+                    raise KeyboardInterrupt
+                if report is not None and time.perf_counter() - last >= PROGRESS_EVERY:
+                    report(sampler)
+                    last = time.perf_counter()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, before)
+        if stop.is_set():
+            raise KeyboardInterrupt
+
+    def result(status: str) -> NestedPosterior:
+        points, log_w, log_l = sampler.posterior()
+        w = np.exp(log_w)
+        return NestedPosterior(
+            points=np.asarray(points, np.float64),
+            log_weights=np.asarray(log_w, np.float64),
+            log_likelihood=np.asarray(log_l, np.float64),
+            log_evidence=float(sampler.log_z),
+            log_evidence_error=float(1.0 / math.sqrt(max(float(sampler.n_eff), 1.0))),
+            n_eff=float(1.0 / np.sum(w**2)),
+            n_likelihood=int(sampler.n_like),
+            box=box,
+            template=template,
+            parametrisation=param,
+            names=names,
+            backend=dens.backend,
+            status=status,
+        )
+
+    try:
+        if threads is not None and dens.backend == "numba" and workers is None:
+            import numba
+
+            before = numba.get_num_threads()
+            numba.set_num_threads(threads)  # (a ValueError above NUMBA_NUM_THREADS)
+            try:
+                run()
+            finally:
+                numba.set_num_threads(before)
+        else:
+            run()
+    except KeyboardInterrupt:
+        kept = None
+        if sampler.n_like > 0:
+            try:
+                kept = result("interrupted")
+            except Exception:  # (nothing usable yet: no finished shell)
+                kept = None
+        raise NestedInterrupted(kept) from None
+    finally:
+        if workers is not None:
+            workers.close()
+    if report is not None:
+        report(sampler, done=True)
+    return result("finished")
+
+
+#: Seconds between two lines of `nested_sample`'s progress.
+PROGRESS_EVERY = 10.0
+#: Seconds of nautilus's run between two checks for progress and Ctrl-C.
+SLICE = 1.0
+
+
+class _Progress:
+    """`nested_sample`'s progress lines (standard error): the phase, likelihood calls and
+    their rate, the log-evidence so far and an estimate of the time left.
+
+    While nautilus explores, the estimate compares the log-volume (in the prior's unit
+    cube) of its newest bound with that at which the exploration ends for a Gaussian
+    posterior with the start fit's covariance: the live set's evidence fraction is
+    `f_live` when the bound is the ellipsoid `chi2 <= chi2_d^-1(f_live)` (d parameters),
+    and each bound costs about the same calls and shrinks the volume by about the same
+    factor. While it samples, the rate at which the effective sample size grows. Without
+    a fit's covariance only the sampling phase has an estimate."""
+
+    def __init__(
+        self, prior: _Prior, cov: np.ndarray | None, x: np.ndarray, n_eff: int, f_live: float
+    ):
+        self.time = time.perf_counter
+        self.t0 = self.time()
+        self.n_eff = n_eff
+        self.target_log_v = None
+        self.sampling_since: tuple[float, float] | None = None
+        if cov is not None and np.all(np.isfinite(cov)):
+            from scipy.special import gammaln
+            from scipy.stats import chi2
+
+            # the prior's unit cube: uniform dimensions scaled by their span, Gaussian
+            # ones by the transform's slope at the fit's value
+            slope = np.where(
+                prior.gauss,
+                np.exp(-0.5 * ((x - prior.mean) / prior.sigma) ** 2)
+                / (math.sqrt(2 * math.pi) * prior.sigma * (prior.c_hi - prior.c_lo)),
+                1.0 / np.where(prior.flat_span > 0, prior.flat_span, 1.0),
+            )
+            sign, logdet = np.linalg.slogdet(cov * np.outer(slope, slope))
+            d = cov.shape[0]
+            if sign > 0:
+                r2 = float(chi2.ppf(f_live, d))
+                log_ball = 0.5 * d * math.log(math.pi) - float(gammaln(0.5 * d + 1))
+                self.target_log_v = min(log_ball + 0.5 * d * math.log(r2) + 0.5 * logdet, -1e-3)
+
+    def __call__(self, sampler: Any, done: bool = False) -> None:
+        elapsed = self.time() - self.t0
+        calls = int(sampler.n_like)
+        rate = calls / max(elapsed, 1e-9)
+        log_z = float(sampler.log_z) if calls else float("nan")
+        if done:
+            line = (
+                f"finished: {calls:,} likelihood calls in {_duration(elapsed)}, "
+                f"{float(sampler.n_eff):,.0f} effective samples, log Z {log_z:.3f}"
+            )
+        elif not sampler.explored:
+            log_v = float(sampler.bounds[-1].log_v) if sampler.bounds else 0.0
+            left = ""
+            if self.target_log_v is not None and log_v < 0:
+                frac = min(log_v / self.target_log_v, 1.0)
+                left = (
+                    f", about {_duration(elapsed * (1 - frac) / max(frac, 1e-3))} of "
+                    "exploration left"
+                )
+            line = (
+                f"exploring: {len(sampler.bounds)} bounds, log-volume {log_v:.1f}"
+                + (f" of about {self.target_log_v:.1f}" if self.target_log_v is not None else "")
+                + f", {calls:,} calls ({rate:.0f}/s), log Z {log_z:.2f}{left}"
+            )
+        else:
+            n_eff_now = float(sampler.n_eff)
+            if self.sampling_since is None:
+                self.sampling_since = (elapsed, n_eff_now)
+            t1, n1 = self.sampling_since
+            gain = (n_eff_now - n1) / max(elapsed - t1, 1e-9)
+            left = (
+                f", about {_duration((self.n_eff - n_eff_now) / gain)} left"
+                if gain > 0 and elapsed > t1
+                else ""
+            )
+            line = (
+                f"sampling: {n_eff_now:,.0f} of {self.n_eff:,} effective samples, "
+                f"{calls:,} calls ({rate:.0f}/s), log Z {log_z:.3f}{left}"
+            )
+        print(f"  nested: {line}", file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    if seconds < 100:
+        return f"{seconds:.0f} s"
+    if seconds < 6000:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
