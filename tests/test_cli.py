@@ -518,7 +518,7 @@ def test_sample_command_nested_pixelized_writes_the_evidence(fits_files, tmp_pat
 def test_sample_command_refuses_bad_counts(fits_files, tmp_path, capsys):
     assert main(_sample_args(fits_files, "--live", "3", "--json", str(tmp_path / "x.json"))) == 1
     assert "--live must be between 10 and" in capsys.readouterr().err
-    for option in ("--chains", "--samples", "--max-tree-depth"):
+    for option in ("--chains", "--samples", "--max-tree-depth", "--networks"):
         argv = _sample_args(fits_files, option, "0", "--json", str(tmp_path / "x.json"))
         assert main(argv) == 1
         assert f"{option} must be between 1 and" in capsys.readouterr().err
@@ -692,7 +692,7 @@ OPTIONS = {
 }
 SAMPLE_OPTIONS = {
     "--sampler": (
-        st.sampled_from(["nuts", "nested"]),
+        st.sampled_from(["auto", "nuts", "nested"]),
         st.sampled_from(["emcee", ""]),
         ("sampler",),
     ),
@@ -701,6 +701,7 @@ SAMPLE_OPTIONS = {
     "--warmup": (_ints(0, 1000), _not_number(0, 2**31 - 1, True), ("warmup",)),
     "--samples": (_ints(1, 2000), _not_number(1, 2**31 - 1, True), ("samples",)),
     "--live": (_ints(10, 2000), _not_number(10, 2**31 - 1, True), ("live",)),
+    "--networks": (_ints(1, 64), _not_number(1, 64, True), ("networks",)),
     "--prior-width": (st.sampled_from(["10", "3.5"]), _positive(), ("prior-width",)),
     "--seed": (_ints(0, 2**32 - 1), _not_number(0, 2**32 - 1, True), ("seed",)),
 }

@@ -40,11 +40,11 @@ the posterior from the fit (`pip install equilens[sampling]`): with NUTS chains
 (`equilens.sample`; `--samples` draws per chain, default 1000; `--max-tree-depth`, default
 10, 6 for a pixelized source) or, with `--sampler nested`, nautilus on the Numba likelihood
 in one worker process per CPU core (`equilens.nested_sample`; uniform priors on the fit +-
-`--prior-width` (10) errors inside the class bounds, `--live` points, `--samples`
-effective samples, default 10000, progress every 10 s with an estimate of the time left),
-which also gives the log-evidence. `--sampler auto` (the default) is nested sampling when
-JAX runs on the CPU (and Numba and nautilus are installed), NUTS on an accelerator; the
-choice is printed. Ctrl-C during nested sampling writes the points so far (status
+`--prior-width` (10) errors inside the class bounds, `--live` points (300), `--networks`
+per bound (2), `--samples` effective samples (4000), progress every 10 s with an estimate
+of the time left), which also gives the log-evidence. `--sampler auto` (the default) is
+nested sampling when JAX runs on the CPU (and Numba and nautilus are installed), NUTS on an
+accelerator; the choice is printed. Ctrl-C during nested sampling writes the points so far (status
 "interrupted") and exits 130. OUT.json holds the fit and, per parameter, the posterior
 `mean`, `std`, `p16`, `p50`, `p84` (NUTS: `ess`, `rhat`; nested: the prior interval, and
 `log_evidence` with its error); the draws are written as NetCDF (OUT.nc, ArviZ) and a
@@ -385,7 +385,8 @@ def run_sample(
     positions_sigma: float | None = None,
     title: str = "",
     sampler: str = "auto",
-    n_live: int = 1000,
+    n_live: int = 300,
+    n_networks: int = 2,
     prior_width: float = 10.0,
     mesh: str = "rectangular",
     regularization: str = "constant",
@@ -401,13 +402,14 @@ def run_sample(
     started from the fit; `n_samples` draws per chain, default 1000; `max_tree_depth`
     default 10, 6 for a pixelized source) or `"nested"` with nautilus
     (`equilens.nested_sample` on the Numba likelihood, a uniform prior on the fit +-
-    `prior_width` of its errors inside the class bounds; `n_samples` effective samples,
-    default 10000). Writes the JSON (the fit under `fit`, the posterior under `posterior`:
-    per parameter `mean`, `std`, `p16`, `p50`, `p84` (NUTS: `ess`, `rhat`; nested: the
-    prior interval), nested: `log_evidence` and its error), the draws as NetCDF (`.nc`,
-    ArviZ) and a corner plot (`_corner.png`) beside it. The status is `"successful"` when
-    NUTS's R-hat are all below 1.01 with no divergent transitions, or nested sampling
-    reached its effective sample size."""
+    `prior_width` of its errors inside the class bounds, `n_live` live points and
+    `n_networks` networks per bound; `n_samples` effective samples, default 4000; one
+    worker process per core, progress every 10 s). Writes the JSON (the fit under `fit`,
+    the posterior under `posterior`: per parameter `mean`, `std`, `p16`, `p50`, `p84`
+    (NUTS: `ess`, `rhat`; nested: the prior interval), nested: `log_evidence` and its
+    error), the draws as NetCDF (`.nc`, ArviZ) and a corner plot (`_corner.png`) beside
+    it. The status is `"successful"` when NUTS's R-hat are all below 1.01 with no
+    divergent transitions, or nested sampling reached its effective sample size."""
     import jax
     import matplotlib
     import numpy as np
@@ -429,7 +431,7 @@ def run_sample(
         sampler, why = choose_sampler()
     nested = sampler == "nested"
     if n_samples is None:
-        n_samples = 10000 if nested else 1000
+        n_samples = 4000 if nested else 1000
     t0 = time.perf_counter()
     how = (
         f"nautilus with {n_live} live points to {n_samples} effective samples"
@@ -496,6 +498,7 @@ def run_sample(
                 free=free,
                 box_width=prior_width,
                 n_live=n_live,
+                n_networks=n_networks,
                 n_eff=n_samples,
                 seed=seed,
                 progress=True,
@@ -911,9 +914,21 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="NUTS: draws kept per chain (default 1000); nested: effective samples to reach "
-        "(default 10000)",
+        "(default 4000)",
     )
-    smp.add_argument("--live", type=int, default=1000, help="nested: nautilus live points")
+    smp.add_argument(
+        "--live",
+        type=int,
+        default=300,
+        help="nested: nautilus live points (default 300; more for a posterior with several modes)",
+    )
+    smp.add_argument(
+        "--networks",
+        type=int,
+        default=2,
+        help="nested: neural networks per nautilus bound (default 2; training them is most "
+        "of nautilus's own time)",
+    )
     smp.add_argument(
         "--prior-width",
         type=float,
@@ -999,6 +1014,7 @@ def _run(args, partial: Partial) -> int:
                 positions_sigma=args.positions_sigma,
                 sampler=args.sampler,
                 n_live=args.live,
+                n_networks=args.networks,
                 prior_width=args.prior_width,
                 mesh=mesh,
                 regularization=regularization,
@@ -1070,6 +1086,7 @@ def _check_numbers(args) -> None:
         ("--warmup", args.warmup, 0, MAX_COUNT),
         ("--samples", 1 if args.samples is None else args.samples, 1, MAX_COUNT),
         ("--live", args.live, 10, MAX_COUNT),
+        ("--networks", args.networks, 1, 64),
         ("--max-tree-depth", 1 if args.max_tree_depth is None else args.max_tree_depth, 1, 20),
         ("--seed", args.seed, 0, 2**32 - 1),
     ):

@@ -183,7 +183,7 @@ class NestedInterrupted(KeyboardInterrupt):
     "interrupted"`; None when no batch had finished)."""
 
     def __init__(self, posterior: "NestedPosterior | None"):
-        super().__init__("nested sampling interrupted")
+        KeyboardInterrupt.__init__(self, "nested sampling interrupted")
         self.posterior = posterior
 
 
