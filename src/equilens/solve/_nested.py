@@ -431,7 +431,7 @@ def nested_sample(
                 stacklevel=2,
             )
 
-    def likelihood(points: np.ndarray) -> np.ndarray:
+    def log_likelihood(points: np.ndarray) -> np.ndarray:
         if workers is not None:
             return workers(points)
         return np.array([dens.f(v) for v in np.atleast_2d(points)], np.float64)
@@ -440,9 +440,9 @@ def nested_sample(
     if fitted and tuple(start.names) == names:
         cov = np.asarray(start.covariance, np.float64)
     report = _Progress(prior, cov, v0, n_eff, f_live) if progress else None
-    sampler = Sampler(
+    sampler: Any = Sampler(
         prior,
-        likelihood,
+        log_likelihood,
         n_dim=n,
         n_live=int(n_live),
         n_networks=int(n_networks),
