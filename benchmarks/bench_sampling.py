@@ -205,6 +205,16 @@ def main() -> None:
         choices=["parametric", "pixelized", "throughput"],
         help="run one of the problems, or the likelihood throughput alone",
     )
+    parser.add_argument(
+        "--processes",
+        default="1,2",
+        help="throughput: the comma-separated counts of worker processes (and of Numba "
+        "threads in this process, unless --threads) to time (default 1,2; e.g. 1,2,4,8,16 "
+        "on a many-core machine)",
+    )
+    parser.add_argument(
+        "--threads", default=None, help="throughput: Numba thread counts (default: --processes)"
+    )
     args = parser.parse_args()
     q = args.quick
     load = os.getloadavg()[0]
@@ -243,17 +253,19 @@ def main() -> None:
                 run_nested(objective, result, free, processes, 300 if q else 1000),
             )
     if args.only in (None, "throughput"):
-        throughput(100 if q else 400)
+        counts = [int(n) for n in args.processes.split(",")]
+        threads = counts if args.threads is None else [int(n) for n in args.threads.split(",")]
+        throughput(100 if q else 400, threads, counts)
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 
-def throughput(n_points: int) -> None:
+def throughput(n_points: int, threads=(1, 2), processes=(1, 2)) -> None:
     """Nested sampling's likelihood throughput (points per second over one batch of
     `n_points`, as nautilus hands them over) on bench_fit's 100x100 lens with the CLI's
     default model (SIE + shear, a 20-Gaussian MGE lens light and a Sersic source, the
-    amplitudes non-negative; 17 parameters): in this process with 1 and 2 Numba threads,
-    and in 1 and 2 worker processes of one thread (`nested_sample`'s default on a CPU).
-    Each median of 3."""
+    amplitudes non-negative; 17 parameters): in this process with each count of Numba
+    `threads`, and in each count of worker `processes` of one thread (`nested_sample`'s
+    default on a CPU: one per core). Each median of 3."""
     from equilens.numba._terms import density
     from equilens.solve._fit import parametrisation
     from equilens.solve._start import start_model
@@ -280,16 +292,21 @@ def throughput(n_points: int) -> None:
 
     rows = {}
     before = numba.get_num_threads()
-    for threads in (1, 2):
-        numba.set_num_threads(threads)
-        rows[f"this process, {threads} Numba thread(s)"] = rate(lambda p: [here.f(v) for v in p])
+    for n in threads:
+        if n > numba.config.NUMBA_NUM_THREADS:
+            continue
+        numba.set_num_threads(n)
+        rows[f"this process, {n} Numba thread(s)"] = rate(lambda p: [here.f(v) for v in p])
     numba.set_num_threads(before)
-    for n in (1, 2):
+    for n in processes:
         with DensityPool(objective, start, param, "numba", n) as pool:
             rows[f"{n} worker process(es), 1 thread each"] = rate(pool)
-    base = rows["this process, 1 Numba thread(s)"]
-    print(f"likelihood throughput, 100x100 lens, MGE lens light, {n_points} points")
-    print(f"  {'evaluated in':<40}{'points/s':>10}{'x 1 thread':>12}")
+    base = next(iter(rows.values()))
+    print(
+        f"likelihood throughput, 100x100 lens, MGE lens light, {n_points} points, "
+        f"{os.cpu_count()} cores"
+    )
+    print(f"  {'evaluated in':<40}{'points/s':>10}{'x first row':>12}")
     for name, r in rows.items():
         print(f"  {name:<40}{r:10.1f}{r / base:12.2f}")
 
