@@ -416,20 +416,6 @@ def nested_sample(
     auto = processes is None
     if processes is None:
         processes = _usable_cores() if dens.backend == "numba" else 1
-    workers = None
-    if processes > 1:
-        try:
-            workers = DensityPool(
-                like_objective, template, param, dens.backend, processes, threads or 1
-            )
-        except (RuntimeError, OSError, TypeError, AttributeError, pickle.PicklingError) as err:
-            if not auto:
-                raise
-            warnings.warn(
-                f"nested_sample: the likelihood is evaluated in this process, as worker "
-                f"processes could not hold it ({str(err).strip().splitlines()[-1]})",
-                stacklevel=2,
-            )
 
     def log_likelihood(points: np.ndarray) -> np.ndarray:
         if workers is not None:
@@ -449,6 +435,22 @@ def nested_sample(
         vectorized=True,
         seed=int(seed),
     )
+
+    # (the workers last: nothing between their start and the `try` that stops them)
+    workers = None
+    if processes > 1:
+        try:
+            workers = DensityPool(
+                like_objective, template, param, dens.backend, processes, threads or 1
+            )
+        except (RuntimeError, OSError, TypeError, AttributeError, pickle.PicklingError) as err:
+            if not auto:
+                raise
+            warnings.warn(
+                f"nested_sample: the likelihood is evaluated in this process, as worker "
+                f"processes could not hold it ({str(err).strip().splitlines()[-1]})",
+                stacklevel=2,
+            )
 
     def run() -> None:
         if verbose:  # (nautilus's own table, in one call)
