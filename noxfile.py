@@ -208,6 +208,7 @@ def bench(session: nox.Session) -> None:
     for script in (
         "benchmarks/bench_forward.py",
         "benchmarks/bench_fit.py",
+        "benchmarks/bench_step.py",
         "benchmarks/bench_pixelized.py",
         "benchmarks/bench_numba.py",
         "benchmarks/bench_multiband.py",

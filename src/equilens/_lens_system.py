@@ -108,10 +108,27 @@ class LensSystem(eqx.Module):
         source is solved separately, by `equilens.LogEvidence`). Raises `ValueError` when
         the default `fields` hold no linear light component; with `fields` given, `images`
         may have no rows."""
+        blocks, fixed = self.linear_image_blocks(grid, psf, fields)
+        if not blocks:
+            return jnp.zeros((0, *grid.shape), jnp.result_type(float)), fixed
+        return jnp.concatenate(blocks, axis=0), fixed
+
+    def linear_image_blocks(
+        self,
+        grid: Grid,
+        psf: AbstractPSF | FFTConvolution | None = None,
+        fields: tuple[str, ...] = ("lens_light", "source"),
+    ) -> tuple[list[Float[Array, "n_block ny nx"]], Float[Array, "ny nx"] | None]:
+        """`linear_images` with the images kept in blocks, one per run of consecutive
+        linear components of one field (their concatenation is `linear_images`'s stack).
+
+        A derivative with respect to the parameters of one field then carries no tangent
+        through the other field's block (JAX keeps it a symbolic zero), which a linear
+        solve that forms its normal equations block by block (`solve_amplitudes`) keeps
+        all the way to the few-by-few matrices."""
         parts = [p for p in self.linear_components() if p[0] in fields]
         if not parts and fields == ("lens_light", "source"):
             raise ValueError("the lens system has no linear light component")
-        dtype = jnp.result_type(float)
 
         def flux(field: str) -> Callable[[Grid], Float[Array, "n rows cols"]]:
             def fn(g: Grid) -> Float[Array, "n rows cols"]:
@@ -134,10 +151,7 @@ class LensSystem(eqx.Module):
         # the mass and source beside a held multi-Gaussian lens light does not convolve
         # the lens light's twenty tangent images per parameter
         runs = [name for k, (name, _) in enumerate(parts) if k == 0 or parts[k - 1][0] != name]
-        rendered = [_render(grid, psf, flux(name)) for name in runs]
-        images = jnp.zeros((0, *grid.shape), dtype)
-        if rendered:
-            images = jnp.concatenate(rendered, axis=0)
+        images = [_render(grid, psf, flux(name)) for name in runs]
         # the non-linear light alone: the linear components are not evaluated again
         others = [
             (name, comp)

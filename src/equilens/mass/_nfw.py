@@ -226,14 +226,15 @@ class EllipticalNFW(AbstractMassProfile):
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 
     def _cse(self, x: GridArray, y: GridArray, want_potential: bool):
-        dx, dy = x - self.center_x, y - self.center_y
-        dtype = jnp.result_type(dx)
-        axes = tuple(range(1, 1 + dx.ndim))
+        dtype = jnp.result_type(x, self.center_x)
+        axes = tuple(range(1, 1 + jnp.ndim(x)))
         s = jnp.expand_dims(jnp.asarray(_CSE_S, dtype=dtype), axes)
         a = jnp.expand_dims(jnp.asarray(_CSE_A, dtype=dtype), axes)
         norm = self.alpha_Rs * self.Rs / _ONE_PLUS_LN_HALF  # 4 rho0 Rs^3
 
         def polar(c, cos_phi, sin_phi):
+            # the offsets inside the cond (see `SIE.deflection`)
+            dx, dy = x - self.center_x, y - self.center_y
             q = (1 - c) / (1 + c)
             xp, yp = rotate(dx, dy, cos_phi, sin_phi)
             # product-average CSE = major-axis CSE at sqrt(q) (x', y') / Rs, amplitude a / q

@@ -88,10 +88,12 @@ class SIE(AbstractMassProfile):
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 
     def deflection(self, x: GridArray, y: GridArray) -> Deflection:
-        dx, dy = x - self.center_x, y - self.center_y
-
         def closed_form(c, cos_phi, sin_phi):
-            # Keeton (2001) for c > 0: one atan and one log per pixel
+            # Keeton (2001) for c > 0: one atan and one log per pixel. The offsets from
+            # the centre are taken inside the `lax.cond` of `smooth_in_ellipticity`: taken
+            # outside, a forward-mode derivative materialises their tangents (the centre's,
+            # one constant per tangent) over the whole grid as the cond's operands
+            dx, dy = x - self.center_x, y - self.center_y
             q = (1 - c) / (1 + c)
             e_prime = jnp.sqrt((1 - q) * (1 + q))
             xp, yp = rotate(dx, dy, cos_phi, sin_phi)

@@ -96,14 +96,19 @@ def solve_amplitudes(
     `pixels` (flat indices of the mask's pixels) is computed from `imaging.mask` when not
     given (pass it when `imaging` is traced, as the imaging terms do).
     """
-    images, fixed = system.linear_images(imaging.grid, imaging.convolution)
+    blocks, fixed = system.linear_image_blocks(imaging.grid, imaging.convolution)
+    if not blocks:
+        raise ValueError("the lens system has no linear light component")
     idx = _used_pixels(imaging) if pixels is None else pixels
     w = 1.0 / imaging.noise_map.reshape(-1)[idx]
-    a = images.reshape(images.shape[0], -1)[:, idx] * w[None, :]
     target = imaging.data if fixed is None else imaging.data - fixed
     b = target.reshape(-1)[idx] * w
-    g = a @ a.T
-    h = a @ b
+    # the normal equations block by block (one block per field): with the lens light held,
+    # a derivative's tangents stay out of its twenty images, and its products with them
+    # are formed once rather than once per tangent
+    a = [blk.reshape(blk.shape[0], -1)[:, idx] * w[None, :] for blk in blocks]
+    g = jnp.block([[ai @ aj.T for aj in a] for ai in a])
+    h = jnp.concatenate([ai @ b for ai in a])
     d = jnp.diagonal(g)
     scale = jnp.where(d > 0, 1.0 / jnp.sqrt(jnp.where(d > 0, d, 1.0)), 0.0)
     g = g * scale[:, None] * scale[None, :]
@@ -118,7 +123,10 @@ def solve_amplitudes(
     else:
         x = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(g), h)
     amps = x * scale
-    image = jnp.tensordot(amps, images, axes=1)
+    image, start = jnp.zeros(imaging.shape, amps.dtype), 0
+    for blk in blocks:
+        image = image + jnp.tensordot(amps[start : start + blk.shape[0]], blk, axes=1)
+        start += blk.shape[0]
     if fixed is not None:
         image = image + fixed
     return system.with_amplitudes(amps), image
