@@ -416,6 +416,53 @@ def test_missing_band_extension_names_the_band(band_file, tmp_path, capsys):
     assert "band band1:" in err and "no image data in HDU B_FLUX" in err, err
 
 
+def test_sample_takes_bands_as_fit_does(band_file, tmp_path, capsys):
+    sample = ["sample", *_band_args(band_file)[1:], "--band-names", "G,R"]
+    argv = [*sample, "--band-pixel-scales", "0.06,0.1", "--check"]
+    assert main([*argv, "--json", str(tmp_path / "x.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "the inputs are valid" in printed and "2 bands (G, R)" in printed
+    assert not (tmp_path / "x.json").exists()
+    # the band options checked as fit checks them
+    argv = [*sample, "--pixel-scale", "0.06", "--psf", "x.fits", "--json", "x.json"]
+    assert main(argv) == 1
+    assert "give either IMAGE" in capsys.readouterr().err
+    assert main(["sample", "--pixel-scale", "0.06", "--json", "x.json"]) == 1
+    assert "IMAGE is required (or --band once per band)" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sample_command_samples_bands_jointly(band_file, tmp_path, capsys):
+    pytest.importorskip("nautilus")
+    pytest.importorskip("arviz")
+    out = tmp_path / "bands.json"
+    argv = [
+        "sample", *_band_args(band_file)[1:],
+        "--band-pixel-scales", "0.06,0.1",
+        "--band-names", "G,R",
+        "--mask-radius", "1.4",
+        "--lens-light", "sersic",
+        "--sampler", "nested", "--live", "150", "--samples", "400", "--prior-width", "5",
+        "--json", str(out),
+    ]  # fmt: skip
+    code = main(argv)
+    result = json.loads(out.read_text())
+    post = result["posterior"]
+    assert post["sampler"] == "nautilus" and math.isfinite(post["log_evidence"])
+    # one joint posterior: the shared mass and light shapes, the fit's free parameters
+    assert len(post["parameters"]) == result["fit"]["n_free"]
+    theta = post["parameters"]["mass.components[0].theta_E"]
+    assert abs(theta["mean"] - 1.0) < 5 * theta["std"] + 2e-3
+    fit_error = result["fit"]["components"][0]["parameters"]["theta_E"]["error"]
+    assert 0.5 < theta["std"] / fit_error < 2.0
+    # the fit's JSON names each band's light
+    sources = [c for c in result["fit"]["components"] if c["field"] == "source"]
+    assert [c["band"] for c in sources] == ["G", "R"]
+    assert (tmp_path / "bands.nc").stat().st_size > 0
+    assert code == (0 if post["n_eff"] >= 0.9 * 400 else 2)
+    assert "2 bands: G 50x50 pixels" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_pixelized_fit_of_bands_writes_evidence_per_band(band_file, tmp_path):
     out = tmp_path / "pix.json"

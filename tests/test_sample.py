@@ -132,6 +132,82 @@ def test_bounds_enter_through_the_jacobian_and_the_summaries():
     assert values.shape == (2, 1500)
 
 
+def _prior_problem():
+    model = light.Sersic(amp=2.0, R_sersic=0.5, n_sersic=2.0, e1=0.1)
+    objective = el.Objective(
+        [el.GaussianPrior(lambda s: s.e1, 0.3, 0.2), el.GaussianPrior(lambda s: s.amp, 2.0, 0.3)]
+    )
+    return model, objective, el.select(model, lambda s: (s.amp, s.e1))
+
+
+def test_draws_in_chunks_are_those_of_one_run(monkeypatch, capsys):
+    """The draws are made in chunks (one compiled program reused): cut into 1 or 8 chunks,
+    the same key gives the same chains; progress reports the draws and the time left."""
+    from equilens.solve import _sample
+
+    model, objective, free = _prior_problem()
+    runs = []
+    for chunks in (1, 8):
+        monkeypatch.setattr(_sample, "DRAW_CHUNKS", chunks)
+        runs.append(
+            el.sample(
+                jax.random.key(4),
+                objective,
+                model,
+                free=free,
+                n_chains=2,
+                n_warmup=100,
+                n_samples=160,
+                progress=True,
+            )  # fmt: skip
+        )
+    one, eight = runs
+    assert one.samples.shape == eight.samples.shape == (2, 160, 2)
+    np.testing.assert_allclose(np.asarray(eight.samples), np.asarray(one.samples), rtol=1e-12)
+    np.testing.assert_array_equal(np.asarray(eight.tree_steps), np.asarray(one.tree_steps))
+    assert eight.status == "finished" and eight.to_dict()["status"] == "finished"
+    out = capsys.readouterr().out
+    assert "NUTS: warm-up of 100 steps per chain done" in out
+    assert "160/160 draws per chain (2 chains)" in out and "s left" in out
+
+
+def test_ctrl_c_during_nuts_keeps_the_draws_so_far(monkeypatch):
+    """A SIGINT while the draws are made (sent when the first chunk has finished, through
+    the module's clock) ends the run after that chunk with `SamplingInterrupted` (a
+    KeyboardInterrupt) carrying its draws, the first of an uninterrupted run's."""
+    import os
+    import signal
+    import types
+
+    from equilens.solve import _sample
+
+    model, objective, free = _prior_problem()
+    kwargs = dict(free=free, n_chains=2, n_warmup=100, n_samples=200)
+    whole = el.sample(jax.random.key(5), objective, model, **kwargs)
+    calls = []
+
+    def clock():
+        calls.append(None)
+        if len(calls) == 3:  # the warm-up's start, the draws' start, the first chunk's end
+            os.kill(os.getpid(), signal.SIGINT)
+        return float(len(calls))
+
+    handler = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(_sample, "time", types.SimpleNamespace(perf_counter=clock))
+    with pytest.raises(el.SamplingInterrupted) as stop:
+        el.sample(jax.random.key(5), objective, model, **kwargs)
+    assert isinstance(stop.value, KeyboardInterrupt)
+    post = stop.value.posterior
+    assert post.status == "interrupted" and post.to_dict()["status"] == "interrupted"
+    assert post.samples.shape == (2, 10, 2)  # one chunk of 200 / 20 draws
+    np.testing.assert_allclose(
+        np.asarray(post.samples), np.asarray(whole.samples[:, :10]), rtol=1e-12
+    )
+    assert "interrupted" in post.summary()
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert issubclass(el.NestedInterrupted, el.SamplingInterrupted)
+
+
 def test_bad_arguments_are_refused():
     model = light.Sersic(amp=2.0, R_sersic=0.5, n_sersic=2.0)
     objective = el.Objective(el.GaussianPrior(lambda s: s.amp, 2.0, 0.3))

@@ -54,6 +54,7 @@ from .solve import (
     NestedInterrupted as NestedInterrupted,
     NestedPosterior as NestedPosterior,
     Posterior as Posterior,
+    SamplingInterrupted as SamplingInterrupted,
     fit as fit,
     fit_batch as fit_batch,
     nested_sample as nested_sample,

@@ -33,9 +33,10 @@ regularization strength per band, fitted by the sum of the bands' evidences
 (`equilens.solve.fit_multiband_pixelized`; OUT_<band>_source.fits per band).
 
 `equilens sample IMAGE.fits --noise-map ... --psf ... --pixel-scale ... [--sampler auto]
-[--chains 4] [--warmup 500] [--samples N] [--seed 0] --json OUT.json` (the model options
-as for one image; with `--source pixelized`, the mass's parameters are sampled with the
-source marginalised by the evidence, the regularization held as fitted) fits, then samples
+[--chains 4] [--warmup 500] [--samples N] [--seed 0] --json OUT.json` (the data and model
+options as for `fit`, `--band` included: several bands are fitted, then sampled jointly;
+with `--source pixelized`, the mass's parameters are sampled with the source marginalised
+by the evidence (each band's), the regularization held as fitted) fits, then samples
 the posterior from the fit (`pip install equilens[sampling]`): with NUTS chains
 (`equilens.sample`; `--samples` draws per chain, default 1000; `--max-tree-depth`, default
 10, 6 for a pixelized source) or, with `--sampler nested`, nautilus on the Numba likelihood
@@ -44,8 +45,9 @@ in one worker process per CPU core (`equilens.nested_sample`; uniform priors on 
 per bound (2), `--samples` effective samples (4000), progress every 10 s with an estimate
 of the time left), which also gives the log-evidence. `--sampler auto` (the default) is
 nested sampling when JAX runs on the CPU (and Numba and nautilus are installed), NUTS on an
-accelerator; the choice is printed. Ctrl-C during nested sampling writes the points so far (status
-"interrupted") and exits 130. OUT.json holds the fit and, per parameter, the posterior
+accelerator; the choice is printed. Ctrl-C while sampling writes the draws so far (status
+"interrupted"; nested sampling stops after its batch, NUTS after its chunk of draws, a
+twentieth of them; a second Ctrl-C stops at once) and exits 130. OUT.json holds the fit and, per parameter, the posterior
 `mean`, `std`, `p16`, `p50`, `p84` (NUTS: `ess`, `rhat`; nested: the prior interval, and
 `log_evidence` with its error); the draws are written as NetCDF (OUT.nc, ArviZ) and a
 corner plot as OUT_corner.png; exit status 2 when NUTS did not converge (an R-hat at or
@@ -59,7 +61,6 @@ results, says why on stderr and exits with status 2.
 """
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -67,6 +68,7 @@ import time
 import warnings
 from typing import Any
 
+from ._cli_sample import choose_sampler as choose_sampler, run_sample
 from ._files import atomic_path
 
 DEMO_MASK_RADIUS = 3.0  # arcsec: the lens and the inner ring of SDSS J0946+1006
@@ -368,224 +370,6 @@ def _imaging(args) -> Any:
     )
 
 
-def run_sample(
-    imaging,
-    json_path: str,
-    mass: str,
-    lens_light: str | None,
-    source: str,
-    *,
-    n_chains: int = 4,
-    n_warmup: int = 500,
-    n_samples: int | None = None,
-    seed: int = 0,
-    solver: str = "lm",
-    max_steps: int | None = None,
-    positions=None,
-    positions_sigma: float | None = None,
-    title: str = "",
-    sampler: str = "auto",
-    n_live: int = 300,
-    n_networks: int = 2,
-    prior_width: float = 10.0,
-    mesh: str = "rectangular",
-    regularization: str = "constant",
-    strength: float | None = None,
-    max_tree_depth: int | None = None,
-    partial: Partial | None = None,
-) -> dict[str, str]:
-    """Fits `imaging` as `run_fit` does, then samples the posterior over the same
-    objective (for `source="pixelized"`: the mass's parameters with the source
-    marginalised, the `LogEvidence` the likelihood, the regularization held at its fitted
-    strength and the lens light as fitted): `sampler="auto"` picks one (`choose_sampler`),
-    `sampler="nuts"` samples with NUTS (`equilens.sample`,
-    started from the fit; `n_samples` draws per chain, default 1000; `max_tree_depth`
-    default 10, 6 for a pixelized source) or `"nested"` with nautilus
-    (`equilens.nested_sample` on the Numba likelihood, a uniform prior on the fit +-
-    `prior_width` of its errors inside the class bounds, `n_live` live points and
-    `n_networks` networks per bound; `n_samples` effective samples, default 4000; one
-    worker process per core, progress every 10 s). Writes the JSON (the fit under `fit`,
-    the posterior under `posterior`: per parameter `mean`, `std`, `p16`, `p50`, `p84`
-    (NUTS: `ess`, `rhat`; nested: the prior interval), nested: `log_evidence` and its
-    error), the draws as NetCDF (`.nc`, ArviZ) and a corner plot (`_corner.png`) beside
-    it. The status is `"successful"` when NUTS's R-hat are all below 1.01 with no
-    divergent transitions, or nested sampling reached its effective sample size."""
-    import jax
-    import matplotlib
-    import numpy as np
-
-    matplotlib.use("Agg")
-
-    from .objective import Objective, select
-    from .solve import NestedInterrupted, fit_lens, nested_sample, sample, threshold_term
-    from .solve._pipeline import _evidence_fit, _positions_term
-    from .terms import GaussianLikelihood, LogEvidence
-
-    pixelized = source == "pixelized"
-    pix_mesh = make_mesh(mesh, imaging) if pixelized else None
-    pix_reg = make_regularization(regularization, strength) if pixelized else None
-    if sampler not in ("auto", "nuts", "nested"):
-        raise ValueError(f"--sampler must be auto, nuts or nested, got {sampler!r}")
-    why = ""
-    if sampler == "auto":
-        sampler, why = choose_sampler()
-    nested = sampler == "nested"
-    if n_samples is None:
-        n_samples = 4000 if nested else 1000
-    t0 = time.perf_counter()
-    how = (
-        f"nautilus with {n_live} live points to {n_samples} effective samples"
-        if nested
-        else f"{n_chains} NUTS chains of {n_warmup} warm-up + {n_samples} draws"
-    )
-    print(
-        f"equilens: sampling {mass} mass, {lens_light or 'no'} lens light, {source} source "
-        f"on {imaging.shape[0]}x{imaging.shape[1]} pixels ({int(imaging.mask.sum())} in the "
-        f"mask): a fit, then {how}" + (f" ({why})" if why else "")
-    )
-    progress = sys.stderr.isatty()
-    result = fit_lens(
-        imaging,
-        mass,
-        lens_light,
-        "sersic" if pixelized else source,
-        solver=solver,
-        max_steps=300 if max_steps is None else max_steps,
-        positions=positions,
-        positions_sigma=positions_sigma,
-        progress=progress,
-        on_stage=None if partial is None else partial.keep,
-    )
-    free = None
-    if pix_mesh is not None and pix_reg is not None:
-        print(f"  pixelized source: {mesh} mesh, {regularization} regularization")
-        parametric = result
-        result, _, _, held = _pixelized_stage(
-            imaging, result, pix_mesh, pix_reg, strength, solver, max_steps, positions, progress
-        )
-        # the sampled parameters: the mass, the source marginalised by the evidence (and
-        # the images held together as in the fit); the regularization held as fitted
-        objective = Objective(LogEvidence(imaging))
-        if held is not None:
-            guard = threshold_term(parametric.model, held)  # fit_pixelized's own guard
-            objective = Objective([LogEvidence(imaging), guard])
-        free = select(result.model, lambda s: s.mass)
-        if strength is None:
-            # the strength was fitted too: the mass alone again (from the optimum: a few
-            # steps), for the chains' start, the names and the covariance
-            result = _evidence_fit(objective, result.model, free, "bfgs", 1000, progress)
-        if not np.all(np.isfinite(np.asarray(result.errors))):
-            raise ValueError(
-                "equilens sample: the pixelized fit has no covariance (its Hessian is not "
-                "positive definite even smoothed), so the samplers have no scale to start "
-                "from; try another --mesh or --regularization-strength"
-            )
-    else:
-        terms: list = [GaussianLikelihood(imaging, nonnegative=True)]
-        if positions is not None:
-            terms.append(_positions_term(positions, positions_sigma, imaging.pixel_scale))
-        objective = Objective(terms)
-    print(result.table())
-    folder = os.path.dirname(os.path.abspath(json_path))
-    os.makedirs(folder, exist_ok=True)
-    base = os.path.splitext(json_path)[0]
-    out = {"json": json_path, "netcdf": base + ".nc", "corner": base + "_corner.png"}
-    if nested:
-        try:
-            post: Any = nested_sample(
-                objective,
-                result,
-                free=free,
-                box_width=prior_width,
-                n_live=n_live,
-                n_networks=n_networks,
-                n_eff=n_samples,
-                seed=seed,
-                progress=True,
-            )
-        except NestedInterrupted as stop:
-            # Ctrl-C: the points so far written (marked), then the interruption goes on
-            if stop.posterior is not None and partial is not None:
-                _write_posterior(stop.posterior, result, out, title)
-                partial.stage, partial.written = "nested sampling", json_path
-            raise
-    else:
-        post = sample(
-            jax.random.key(seed),
-            objective,
-            result,
-            free=free,
-            n_chains=n_chains,
-            n_warmup=n_warmup,
-            n_samples=n_samples,
-            max_tree_depth=(6 if pixelized else 10) if max_tree_depth is None else max_tree_depth,
-        )
-    print(post.summary())
-    summary = _write_posterior(post, result, out, title)
-    print(
-        f"  result: {json_path}\n  draws: {out['netcdf']}\n  corner plot: {out['corner']}\n"
-        f"  wall time {time.perf_counter() - t0:.1f} s"
-    )
-    if nested:
-        reached = summary["n_eff"] >= 0.9 * n_samples
-        out["status"] = (
-            "successful"
-            if reached
-            else f"not converged: {summary['n_eff']:.0f} effective samples of {n_samples}"
-        )
-        return out
-    rhat = [p["rhat"] for p in summary["parameters"].values() if p["rhat"] is not None]
-    converged = summary["divergent"] == 0 and all(r < 1.01 for r in rhat)
-    out["status"] = (
-        "successful"
-        if converged
-        else f"not converged: max R-hat {max(rhat, default=float('nan')):.4f}, "
-        f"{summary['divergent']} divergent transitions (run longer chains)"
-    )
-    return out
-
-
-def choose_sampler() -> tuple[str, str]:
-    """`equilens sample --sampler auto`'s choice and why: nested sampling (nautilus on
-    the Numba likelihood, one worker process per core) when JAX runs on the CPU and Numba
-    and nautilus are installed; NUTS (gradients on the device) on an accelerator."""
-    import importlib.util
-
-    import jax
-
-    from .numba._runtime import numba_available
-
-    if jax.default_backend() != "cpu":
-        return "nuts", f"auto: NUTS on the {jax.default_backend()}"
-    if not numba_available() or importlib.util.find_spec("nautilus") is None:
-        return "nuts", "auto: NUTS, as Numba or nautilus is not installed"
-    from .solve._workers import _usable_cores
-
-    n = _usable_cores()
-    return "nested", f"auto: on a CPU, nested sampling on {n} core{'s' * (n > 1)}"
-
-
-def _write_posterior(post: Any, result: Any, out: dict[str, str], title: str) -> dict:
-    """The posterior's NetCDF draws, corner plot and JSON (with the fit) at `out`'s paths;
-    returns the posterior's summary dict."""
-    import matplotlib.pyplot as plt
-
-    from .solve import result_to_dict
-
-    with atomic_path(out["netcdf"]) as tmp:
-        post.to_arviz().to_netcdf(tmp)
-    fig = post.corner(truths=list(map(float, result.values)))
-    if title:
-        fig.suptitle(title)
-    with atomic_path(out["corner"]) as tmp:
-        fig.savefig(tmp, dpi=80)
-    plt.close(fig)
-    summary = post.to_dict()
-    with atomic_path(out["json"]) as tmp, open(tmp, "w") as f:
-        json.dump({"fit": result_to_dict(result), "posterior": summary}, f, indent=2)
-    return summary
-
-
 def run_fit_multiband(
     data,
     json_path: str,
@@ -766,6 +550,36 @@ def run_demo(output: str, solver: str = "lm", partial: Partial | None = None) ->
     return out
 
 
+def _data_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """The data options of `fit` and `sample`: one image, or `--band` once per band."""
+    parser.add_argument("image", nargs="?", help="image FITS file (flux per pixel)")
+    parser.add_argument("--noise-map", help="1-sigma noise FITS file")
+    parser.add_argument("--psf", help="PSF kernel FITS file (odd-sized)")
+    parser.add_argument("--pixel-scale", type=float, help="arcsec per pixel")
+    parser.add_argument(
+        "--band",
+        nargs=3,
+        action="append",
+        metavar=("IMAGE", "NOISE", "PSF"),
+        help=f"one band of a joint multi-band {what} (repeat per band, sharpest or deepest "
+        "first: it is the reference); FITS paths may name an extension, file.fits[NAME]",
+    )
+    parser.add_argument("--band-names", help="comma-separated names of the --band options")
+    parser.add_argument(
+        "--band-pixel-scales", help="comma-separated arcsec per pixel, one per --band"
+    )
+    parser.add_argument(
+        "--exclude-mask",
+        "--mask",
+        dest="mask",
+        help="FITS file, non-zero = pixel excluded (--mask: the same; the API's mask= is "
+        "True = used)",
+    )
+    parser.add_argument(
+        "--mask-radius", type=float, help="use pixels within R arcsec of the centre"
+    )
+
+
 def _common_options(parser: argparse.ArgumentParser) -> None:
     """The options `fit` and `sample` share after the data's."""
     parser.add_argument(
@@ -799,28 +613,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--output", default="equilens_demo", help="output folder")
     demo.add_argument("--solver", default="lm", help="solver name (lm, bfgs, lbfgs, adam)")
     fit = sub.add_parser("fit", help="fit a lens model to your own imaging data")
-    fit.add_argument("image", nargs="?", help="image FITS file (flux per pixel)")
-    fit.add_argument("--noise-map", help="1-sigma noise FITS file")
-    fit.add_argument("--psf", help="PSF kernel FITS file (odd-sized)")
-    fit.add_argument("--pixel-scale", type=float, help="arcsec per pixel")
-    fit.add_argument(
-        "--band",
-        nargs=3,
-        action="append",
-        metavar=("IMAGE", "NOISE", "PSF"),
-        help="one band of a joint multi-band fit (repeat per band, sharpest or deepest "
-        "first: it is the reference); FITS paths may name an extension, file.fits[NAME]",
-    )
-    fit.add_argument("--band-names", help="comma-separated names of the --band options")
-    fit.add_argument("--band-pixel-scales", help="comma-separated arcsec per pixel, one per --band")
-    fit.add_argument(
-        "--exclude-mask",
-        "--mask",
-        dest="mask",
-        help="FITS file, non-zero = pixel excluded (--mask: the same; the API's mask= is "
-        "True = used)",
-    )
-    fit.add_argument("--mask-radius", type=float, help="use pixels within R arcsec of the centre")
+    _data_options(fit, "fit")
     fit.add_argument("--mass", default="sie+shear", help="mass profiles, '+'-joined")
     fit.add_argument(
         "--lens-light",
@@ -855,27 +648,17 @@ def main(argv: list[str] | None = None) -> int:
         "sample",
         help="fit, then draw the posterior with NUTS or nested sampling (pip install "
         "equilens[sampling])",
-        description="Fits the data as `equilens fit` does, then samples the posterior from "
+        description="Fits the data as `equilens fit` does (one image, or --band once per "
+        "band: the bands sampled jointly), then samples the posterior from "
         "the fit: --sampler nuts (blackjax NUTS chains on the device, --chains, "
         "--warmup, --samples draws per chain, --max-tree-depth; R-hat and ESS) or --sampler "
         "nested (nautilus on the Numba likelihood in one process per CPU core, --live "
         "points, --samples effective samples, a uniform prior of --prior-width errors around "
         "the fit; also the log-evidence; progress with the time left). --sampler auto "
         "(default): nested on a CPU, NUTS on an accelerator. Writes OUT.json, the draws as "
-        "NetCDF and a corner plot; Ctrl-C during nested sampling writes the points so far.",
+        "NetCDF and a corner plot; Ctrl-C while sampling writes the draws so far.",
     )
-    smp.add_argument("image", help="image FITS file (flux per pixel)")
-    smp.add_argument("--noise-map", required=True, help="1-sigma noise FITS file")
-    smp.add_argument("--psf", required=True, help="PSF kernel FITS file (odd-sized)")
-    smp.add_argument("--pixel-scale", type=float, required=True, help="arcsec per pixel")
-    smp.add_argument(
-        "--exclude-mask",
-        "--mask",
-        dest="mask",
-        help="FITS file, non-zero = pixel excluded (--mask: the same; the API's mask= is "
-        "True = used)",
-    )
-    smp.add_argument("--mask-radius", type=float, help="use pixels within R arcsec of the centre")
+    _data_options(smp, "sample")
     smp.add_argument("--mass", default="sie+shear", help="mass profiles, '+'-joined")
     smp.add_argument("--lens-light", default="mge", help="lens light profiles, or none")
     smp.add_argument("--source", default="sersic", help="source light profiles, or 'pixelized'")
@@ -973,7 +756,7 @@ def _run(args, partial: Partial) -> int:
             return _exit(run_demo(args.output, args.solver, partial))
         _check_numbers(args)
         positions = _positions(args.positions)
-        if args.command == "fit" and args.band:
+        if args.band:
             data = _bands(args)
             first = data.bands[0]
             partial.band_names = data.names

@@ -40,7 +40,11 @@ from ._pipeline import (
 )
 from ._plausible import implausible_notes as implausible_notes
 from ._result import RESULTS as RESULTS, FitResult as FitResult
-from ._sample import Posterior as Posterior, sample as sample
+from ._sample import (
+    Posterior as Posterior,
+    SamplingInterrupted as SamplingInterrupted,
+    sample as sample,
+)
 from ._search import (
     ArcPlacement as ArcPlacement,
     Search as Search,

@@ -32,7 +32,7 @@ from jaxtyping import Float, PyTree
 from ..objective import Objective, Parametrisation
 from ..terms import GaussianPrior, UniformPrior
 from ._result import FitResult
-from ._sample import QUANTILES, format_summary, parameter_summary
+from ._sample import QUANTILES, SamplingInterrupted, format_summary, parameter_summary
 from ._workers import DensityPool, _usable_cores
 
 
@@ -177,14 +177,13 @@ class NestedPosterior(eqx.Module):
         )
 
 
-class NestedInterrupted(KeyboardInterrupt):
-    """Ctrl-C during `equilens.nested_sample`: a `KeyboardInterrupt` that carries the
-    sampler's points so far as `posterior` (a `NestedPosterior` with `status
-    "interrupted"`; None when no batch had finished)."""
+class NestedInterrupted(SamplingInterrupted):
+    """Ctrl-C during `equilens.nested_sample`: a `SamplingInterrupted` (a
+    `KeyboardInterrupt`) that carries the sampler's points so far as `posterior` (a
+    `NestedPosterior` with `status "interrupted"`; None when no batch had finished)."""
 
     def __init__(self, posterior: "NestedPosterior | None"):
-        KeyboardInterrupt.__init__(self, "nested sampling interrupted")
-        self.posterior = posterior
+        SamplingInterrupted.__init__(self, posterior, "nested sampling interrupted")
 
 
 class _Prior:

@@ -14,6 +14,10 @@ PyAutoLens and lenstronomy.
 
 import contextlib
 import math
+import signal
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +39,23 @@ from ._result import FitResult
 #: central 68% interval)
 QUANTILES = (0.16, 0.5, 0.84)
 
+#: `sample` makes its draws in this many chunks (fewer when there are fewer draws): the
+#: points where it reports progress and where a Ctrl-C ends the run with the draws so far
+DRAW_CHUNKS = 20
+
+#: seconds between two lines of `sample(progress=True)`
+PROGRESS_EVERY = 10.0
+
+
+class SamplingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `equilens.sample` or `equilens.nested_sample`: a `KeyboardInterrupt`
+    that carries the draws so far as `posterior` (a `Posterior` or `NestedPosterior` with
+    `status` "interrupted"; None when there were none yet)."""
+
+    def __init__(self, posterior: Any, message: str = "sampling interrupted"):
+        KeyboardInterrupt.__init__(self, message)
+        self.posterior = posterior
+
 
 class Posterior(eqx.Module):
     """Posterior draws of a model's free parameters, from `equilens.sample`.
@@ -50,7 +71,8 @@ class Posterior(eqx.Module):
     - `step_size`: `(chains,)` the step size window adaptation chose.
     - `template`, `parametrisation`: the start model and its free parameters (`model`
       puts a draw back into a model).
-    - `names` (static).
+    - `names` (static); `status` (static): "finished", or "interrupted" for the draws
+      made before a Ctrl-C (`SamplingInterrupted`).
 
     Convergence: `rhat()` (rank-normalised split R-hat, Vehtari et al. 2021; below 1.01
     for converged chains) and `ess()` (bulk effective sample size) per parameter;
@@ -68,6 +90,7 @@ class Posterior(eqx.Module):
     template: PyTree[Any]
     parametrisation: Parametrisation
     names: tuple[str, ...] = eqx.field(static=True)
+    status: str = eqx.field(static=True, default="finished")
 
     @property
     def n_chains(self) -> int:
@@ -134,6 +157,7 @@ class Posterior(eqx.Module):
             "draws": self.n_draws,
             "divergent": int(np.sum(np.asarray(self.divergent))),
             "sampler": "nuts",
+            "status": self.status,
         }
 
     def summary(self) -> str:
@@ -143,7 +167,8 @@ class Posterior(eqx.Module):
         return format_summary(
             d["parameters"],
             f"{d['chains']} chains x {d['draws']} draws (NUTS), "
-            f"{d['divergent']} divergent transitions",
+            f"{d['divergent']} divergent transitions"
+            + ("" if self.status == "finished" else f" ({self.status})"),
         )
 
     def to_arviz(self) -> Any:
@@ -268,6 +293,7 @@ def sample(
     dense_mass: bool = True,
     chain_method: str = "auto",
     mesh: Mesh | None = None,
+    progress: bool = False,
 ) -> Posterior:
     """Samples the posterior `exp(-objective(model))` over the free parameters with the
     No-U-Turn Sampler (`blackjax.nuts`), `n_chains` chains vmapped in one program.
@@ -298,6 +324,15 @@ def sample(
       chains over (`n_chains` a multiple of its device count; the objective replicated).
       With jaxlib 0.10 on several CPU devices, one chain per device (that jaxlib's
       batched LAPACK kernels deadlock there: see `equilens.shard`).
+
+    - `progress`: print a line after the warm-up and then every `PROGRESS_EVERY` seconds
+      (draws per chain so far, their rate, an estimate of the time left).
+
+    The draws are made in `DRAW_CHUNKS` chunks, one compiled program reused for each (the
+    warm-up is one program before them). Ctrl-C while the draws are made ends the run
+    after the chunk in progress (a second Ctrl-C: at once) with `SamplingInterrupted`, a
+    `KeyboardInterrupt` carrying the draws so far (`posterior`, status "interrupted";
+    None when the warm-up had not finished).
 
     Returns a `Posterior` (physical values, `(chains, draws, n_params)`). Needs
     `blackjax` (`pip install equilens[sampling]`). Check `Posterior.rhat()` (< 1.01) and
@@ -360,24 +395,37 @@ def sample(
         lp = -obj(param.to_model(raw, template)) + param.log_jacobian(raw)
         return jnp.where(jnp.isfinite(lp), lp, -jnp.inf)
 
-    @eqx.filter_jit
-    def run(obj, keys, positions, inverse_mass):
-        def density(z):
-            return log_density(z, obj)
+    def over_chains(fn, *args):
+        if chain_method == "sequential":
+            return jax.lax.map(lambda a: fn(*a), args)
+        return jax.vmap(fn)(*args)
 
+    @eqx.filter_jit
+    def warm(obj, keys, positions, inverse_mass):
         def chain(k, z):
-            k_warm, k_draw = jax.random.split(k)
             warmup: Any = blackjax.window_adaptation(
                 blackjax.nuts,
-                density,
+                lambda z: log_density(z, obj),
                 is_mass_matrix_diagonal=not dense_mass,
                 initial_inverse_mass_matrix=inverse_mass,
                 target_acceptance_rate=target_acceptance,
                 max_num_doublings=max_tree_depth,
                 adaptation_info_fn=get_filter_adapt_info_fn(),
             )
-            (state, params), _ = warmup.run(k_warm, z, num_steps=n_warmup)
-            kernel: Any = blackjax.nuts(density, **params)  # (params hold max_num_doublings)
+            (state, params), _ = warmup.run(k, z, num_steps=n_warmup)
+            return state, params["step_size"], params["inverse_mass_matrix"]
+
+        return over_chains(chain, keys, positions)
+
+    @eqx.filter_jit
+    def draw(obj, states, step_size, inverse_mass, keys):
+        def chain(s, eps, m, ks):
+            kernel: Any = blackjax.nuts(
+                lambda z: log_density(z, obj),
+                step_size=eps,
+                inverse_mass_matrix=m,
+                max_num_doublings=max_tree_depth,
+            )
 
             def step(s, kk):
                 s, info = kernel.step(kk, s)
@@ -392,12 +440,9 @@ def sample(
                     info.num_integration_steps,
                 )
 
-            _, trace = jax.lax.scan(step, state, jax.random.split(k_draw, n_samples))
-            return trace, params["step_size"]
+            return jax.lax.scan(step, s, ks)
 
-        if chain_method == "sequential":
-            return jax.lax.map(lambda a: chain(*a), (keys, positions))
-        return jax.vmap(chain)(keys, positions)
+        return over_chains(chain, states, step_size, inverse_mass, keys)
 
     keys = jax.random.split(key_run, n_chains)
     if mesh is not None:
@@ -421,16 +466,90 @@ def sample(
         objective = replicate(objective, mesh)
         keys, positions = shard((keys, positions), mesh, batch=True)
         inverse_mass = replicate(inverse_mass, mesh)
-    with _blackjax_promotion():
-        (phys, lp, div, acc, steps), step_size = run(objective, keys, positions, inverse_mass)
-    return Posterior(
-        samples=phys,
-        log_posterior=lp,
-        divergent=div,
-        acceptance=acc,
-        tree_steps=steps,
-        step_size=step_size,
-        template=template,
-        parametrisation=param,
-        names=names,
-    )
+    # the draws' keys, made up front: chunks draw the same chains as one long scan would;
+    # the draws per chain rounded up to whole chunks, the extra ones dropped
+    n_chunks = min(DRAW_CHUNKS, n_samples)
+    chunk = -(-n_samples // n_chunks)
+    pairs = jax.vmap(jax.random.split)(keys)
+    k_warm, k_draw = pairs[:, 0], pairs[:, 1]
+    draw_keys = jax.vmap(lambda k: jax.random.split(k, chunk * n_chunks))(k_draw)
+    if mesh is not None:
+        draw_keys = shard(draw_keys, mesh, batch=True)
+    stop = threading.Event()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt  # (a second Ctrl-C: at once)
+        stop.set()
+        print(
+            "  NUTS: stopping after this chunk of draws (Ctrl-C again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def result(traces: list, step_size: Any, status: str) -> Posterior:
+        phys, lp, div, acc, steps = (
+            jnp.concatenate([t[i] for t in traces], axis=1)[:, :n_samples] for i in range(5)
+        )
+        return Posterior(
+            samples=phys,
+            log_posterior=lp,
+            divergent=div,
+            acceptance=acc,
+            tree_steps=steps,
+            step_size=step_size,
+            template=template,
+            parametrisation=param,
+            names=names,
+            status=status,
+        )
+
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, on_sigint) if main else None
+    traces: list = []
+    step_size = None
+    try:
+        t0 = time.perf_counter()
+        with _blackjax_promotion():
+            states, step_size, inverse_mass = warm(objective, k_warm, positions, inverse_mass)
+            jax.block_until_ready(step_size)
+        if progress:
+            print(
+                f"  NUTS: warm-up of {n_warmup} steps per chain done in "
+                f"{time.perf_counter() - t0:.0f} s; {n_samples} draws per chain in "
+                f"{n_chunks} chunks",
+                flush=True,
+            )
+        t0 = last = time.perf_counter()
+        for i in range(n_chunks):
+            if stop.is_set():
+                break
+            with _blackjax_promotion():
+                states, trace = draw(
+                    objective,
+                    states,
+                    step_size,
+                    inverse_mass,
+                    draw_keys[:, i * chunk : (i + 1) * chunk],
+                )
+                jax.block_until_ready(trace)
+            traces.append(trace)
+            now = time.perf_counter()
+            if progress and (now - last >= PROGRESS_EVERY or i + 1 == n_chunks):
+                done = min((i + 1) * chunk, n_samples)
+                rate = done / (now - t0)
+                print(
+                    f"  NUTS: {done}/{n_samples} draws per chain ({n_chains} chains), "
+                    f"{rate:.1f} draws/s per chain, about "
+                    f"{(n_samples - done) / rate:.0f} s left",
+                    flush=True,
+                )
+                last = now
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, before)
+    if stop.is_set():
+        raise SamplingInterrupted(
+            result(traces, step_size, "interrupted") if traces and step_size is not None else None
+        )
+    return result(traces, step_size, "finished")
