@@ -159,7 +159,7 @@ def test_draws_in_chunks_are_those_of_one_run(monkeypatch, capsys):
                 n_warmup=100,
                 n_samples=160,
                 progress=True,
-            )  # fmt: skip
+            )
         )
     one, eight = runs
     assert one.samples.shape == eight.samples.shape == (2, 160, 2)

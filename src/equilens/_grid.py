@@ -6,6 +6,7 @@ has x growing with the column `j` and y growing with the row `i` (plot with
 is then the (x, y) position of the array centre.
 """
 
+import functools
 import math
 
 import equinox as eqx
@@ -15,6 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Bool, Float, Int
+
+#: `Grid.bin` adds the strided sub-images up to this supersampling factor (s^2 of them),
+#: and takes the reshaped mean above it
+STRIDED_BIN_MAX = 4
 
 
 def _check_positive_int(name: str, value: int) -> None:
@@ -150,6 +155,12 @@ class Grid(eqx.Module):
             raise ValueError(f"bin expects an array of shape {(ny * s, nx * s)}, got {image.shape}")
         if s == 1:
             return image
+        if s <= STRIDED_BIN_MAX:
+            # the s^2 strided sub-images added elementwise: on a CPU 2x faster than the
+            # reshaped mean (and 1.7x under forward-mode derivatives), whose reduction over
+            # the interleaved axes XLA does not vectorise
+            parts = [image[i::s, j::s] for i in range(s) for j in range(s)]
+            return functools.reduce(jnp.add, parts) / (s * s)
         return image.reshape(ny, s, nx, s).mean(axis=(1, 3))
 
     def padded(self, shape: tuple[int, int]) -> "Grid":

@@ -35,23 +35,24 @@ regularization strength per band, fitted by the sum of the bands' evidences
 `equilens sample IMAGE.fits --noise-map ... --psf ... --pixel-scale ... [--sampler auto]
 [--chains 4] [--warmup 500] [--samples N] [--seed 0] --json OUT.json` (the data and model
 options as for `fit`, `--band` included: several bands are fitted, then sampled jointly;
-with `--source pixelized`, the mass's parameters are sampled with the source marginalised
-by the evidence (each band's), the regularization held as fitted) fits, then samples
-the posterior from the fit (`pip install equilens[sampling]`): with NUTS chains
+with `--source pixelized`, the mass's parameters are sampled with the source marginalised by
+the evidence (each band's), the regularization held as fitted) fits, then samples the
+posterior from the fit (`pip install equilens[sampling]`): with NUTS chains
 (`equilens.sample`; `--samples` draws per chain, default 1000; `--max-tree-depth`, default
 10, 6 for a pixelized source) or, with `--sampler nested`, nautilus on the Numba likelihood
 in one worker process per CPU core (`equilens.nested_sample`; uniform priors on the fit +-
-`--prior-width` (10) errors inside the class bounds, `--live` points (300), `--networks`
-per bound (2), `--samples` effective samples (4000), progress every 10 s with an estimate
-of the time left), which also gives the log-evidence. `--sampler auto` (the default) is
-nested sampling when JAX runs on the CPU (and Numba and nautilus are installed), NUTS on an
+`--prior-width` (10) errors inside the class bounds, `--live` points (300), `--networks` per
+bound (2), `--samples` effective samples (4000), progress every 10 s with an estimate of the
+time left), which also gives the log-evidence. `--sampler auto` (the default) is nested
+sampling when JAX runs on the CPU (and Numba and nautilus are installed), NUTS on an
 accelerator; the choice is printed. Ctrl-C while sampling writes the draws so far (status
 "interrupted"; nested sampling stops after its batch, NUTS after its chunk of draws, a
-twentieth of them; a second Ctrl-C stops at once) and exits 130. OUT.json holds the fit and, per parameter, the posterior
-`mean`, `std`, `p16`, `p50`, `p84` (NUTS: `ess`, `rhat`; nested: the prior interval, and
-`log_evidence` with its error); the draws are written as NetCDF (OUT.nc, ArviZ) and a
-corner plot as OUT_corner.png; exit status 2 when NUTS did not converge (an R-hat at or
-above 1.01, or divergent transitions) or nested sampling stopped short of its samples.
+twentieth of them; a second Ctrl-C stops at once) and exits 130. OUT.json holds the fit and,
+per parameter, the posterior `mean`, `std`, `p16`, `p50`, `p84` (NUTS: `ess`, `rhat`;
+nested: the prior interval, and `log_evidence` with its error); the draws are written as
+NetCDF (OUT.nc, ArviZ) and a corner plot as OUT_corner.png; exit status 2 when NUTS did not
+converge (an R-hat at or above 1.01, or divergent transitions) or nested sampling stopped
+short of its samples.
 
 `--check` (fit and sample) checks every input and option, prints what would be fitted
 and exits with status 0 without fitting or writing anything. Errors are one
