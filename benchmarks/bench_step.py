@@ -15,7 +15,6 @@ import argparse
 import os
 import statistics
 import time
-from importlib.resources import files
 
 import jax
 
@@ -24,23 +23,14 @@ jax.config.update("jax_enable_x64", True)
 import equinox as eqx  # noqa: E402
 
 import equilens as el  # noqa: E402
-from equilens.cli import DEMO_MASK_RADIUS, DEMO_SUPERSAMPLING, _load  # noqa: E402
+from equilens.cli import demo_imaging  # noqa: E402
 from equilens.objective import Parametrisation  # noqa: E402
 from equilens.objective._params import linear_leaves  # noqa: E402
 from equilens.solve import start_model  # noqa: E402
 
 
 def setup():
-    folder = files("equilens") / "_data" / "SDSSJ0946+1006"
-    imaging = _load(
-        str(folder / "image.fits"),
-        str(folder / "noise_map.fits"),
-        str(folder / "psf.fits"),
-        0.05,
-        str(folder / "mask_extra_galaxies.fits"),
-        DEMO_MASK_RADIUS,
-        DEMO_SUPERSAMPLING,
-    )
+    imaging = demo_imaging()
     model = start_model(imaging, "sie+shear", "mge", "sersic")
     objective = el.Objective(el.GaussianLikelihood(imaging, nonnegative=True))
     return imaging, model, objective

@@ -520,12 +520,13 @@ def _bands(args):
     return MultiBandImaging(bands, names)
 
 
-def run_demo(output: str, solver: str = "lm", partial: Partial | None = None) -> dict[str, str]:
-    """Fits the shipped HST image of SDSS J0946+1006; returns the output paths."""
+def demo_imaging():
+    """The demo's data: the shipped HST image of SDSS J0946+1006 with its noise map and
+    PSF, 0.05" pixels, its mask of other galaxies, a 3" circular mask, 2x2 supersampling."""
     from importlib.resources import files
 
     folder = files("equilens") / "_data" / "SDSSJ0946+1006"
-    imaging = _load(
+    return _load(
         str(folder / "image.fits"),
         str(folder / "noise_map.fits"),
         str(folder / "psf.fits"),
@@ -534,6 +535,11 @@ def run_demo(output: str, solver: str = "lm", partial: Partial | None = None) ->
         DEMO_MASK_RADIUS,
         DEMO_SUPERSAMPLING,
     )
+
+
+def run_demo(output: str, solver: str = "lm", partial: Partial | None = None) -> dict[str, str]:
+    """Fits the shipped HST image of SDSS J0946+1006; returns the output paths."""
+    imaging = demo_imaging()
     out = run_fit(
         imaging,
         os.path.join(output, "demo.json"),

@@ -15,9 +15,7 @@ models' `log_evidence` differences are log Bayes factors.
 
 import math
 import pickle
-import signal
 import sys
-import threading
 import time
 import warnings
 from typing import Any
@@ -32,7 +30,13 @@ from jaxtyping import Float, PyTree
 from ..objective import Objective, Parametrisation
 from ..terms import GaussianPrior, UniformPrior
 from ._result import FitResult
-from ._sample import QUANTILES, SamplingInterrupted, format_summary, parameter_summary
+from ._sample import (
+    QUANTILES,
+    SamplingInterrupted,
+    format_summary,
+    parameter_summary,
+    stop_on_sigint,
+)
 from ._workers import DensityPool, _usable_cores
 
 
@@ -459,31 +463,14 @@ def nested_sample(
         # line of progress when one is due, and the end of the run after a Ctrl-C, which
         # only sets a flag while a batch is evaluated (interrupted inside one, nautilus's
         # state is no posterior)
-        stop = threading.Event()
-
-        def on_sigint(signum: int, frame: Any) -> None:
-            if stop.is_set():
-                raise KeyboardInterrupt  # (a second Ctrl-C: at once)
-            stop.set()
-            print(
-                "  nested: stopping after this batch (Ctrl-C again to stop at once)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-        main = threading.current_thread() is threading.main_thread()
-        before = signal.signal(signal.SIGINT, on_sigint) if main else None
-        last = time.perf_counter()
-        try:
+        with stop_on_sigint("this batch of nested sampling") as stop:
+            last = time.perf_counter()
             while not sampler.run(f_live=float(f_live), n_eff=int(n_eff), timeout=SLICE):
                 if stop.is_set():
                     raise KeyboardInterrupt
                 if report is not None and time.perf_counter() - last >= PROGRESS_EVERY:
                     report(sampler)
                     last = time.perf_counter()
-        finally:
-            if main:
-                signal.signal(signal.SIGINT, before)
         if stop.is_set():
             raise KeyboardInterrupt
 

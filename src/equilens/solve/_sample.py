@@ -57,6 +57,33 @@ class SamplingInterrupted(KeyboardInterrupt):
         self.posterior = posterior
 
 
+@contextlib.contextmanager
+def stop_on_sigint(what: str) -> Iterator[threading.Event]:
+    """While the block runs (in the main thread), a first Ctrl-C only sets the yielded
+    event, saying `stopping after {what}` on stderr, for the caller to end its run at the
+    next safe point; a second Ctrl-C raises `KeyboardInterrupt` at once. The previous
+    SIGINT handler is restored on exit."""
+    stop = threading.Event()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt  # (a second Ctrl-C: at once)
+        stop.set()
+        print(
+            f"  stopping after {what} (Ctrl-C again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, on_sigint) if main else None
+    try:
+        yield stop
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, before)
+
+
 class Posterior(eqx.Module):
     """Posterior draws of a model's free parameters, from `equilens.sample`.
 
@@ -475,17 +502,6 @@ def sample(
     draw_keys = jax.vmap(lambda k: jax.random.split(k, chunk * n_chunks))(k_draw)
     if mesh is not None:
         draw_keys = shard(draw_keys, mesh, batch=True)
-    stop = threading.Event()
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt  # (a second Ctrl-C: at once)
-        stop.set()
-        print(
-            "  NUTS: stopping after this chunk of draws (Ctrl-C again to stop at once)",
-            file=sys.stderr,
-            flush=True,
-        )
 
     def result(traces: list, step_size: Any, status: str) -> Posterior:
         phys, lp, div, acc, steps = (
@@ -504,11 +520,9 @@ def sample(
             status=status,
         )
 
-    main = threading.current_thread() is threading.main_thread()
-    before = signal.signal(signal.SIGINT, on_sigint) if main else None
     traces: list = []
     step_size = None
-    try:
+    with stop_on_sigint("this chunk of NUTS draws") as stop:
         t0 = time.perf_counter()
         with _blackjax_promotion():
             states, step_size, inverse_mass = warm(objective, k_warm, positions, inverse_mass)
@@ -545,9 +559,6 @@ def sample(
                     flush=True,
                 )
                 last = now
-    finally:
-        if main:
-            signal.signal(signal.SIGINT, before)
     if stop.is_set():
         raise SamplingInterrupted(
             result(traces, step_size, "interrupted") if traces and step_size is not None else None
