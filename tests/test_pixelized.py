@@ -1472,7 +1472,8 @@ def test_evidence_from_several_threads_is_the_single_thread_evidence(dataset):
     system = _system(_mesh("delaunay", dataset), _reg("constant"), lens_light=True)
     value_and_grad = eqx.filter_jit(eqx.filter_value_and_grad(lambda s: term(s)))
     models = [
-        eqx.tree_at(lambda s: s.mass.components[0].theta_E, system, 0.9 + 0.01 * k)
+        # (theta_E as an array: a Python float is static under filter_jit, one compilation each)
+        eqx.tree_at(lambda s: s.mass.components[0].theta_E, system, jnp.asarray(0.9 + 0.01 * k))
         for k in range(4)
     ]
 
