@@ -1,5 +1,7 @@
 """Generic and analytic tests of every mass profile."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.flatten_util
@@ -216,6 +218,31 @@ def test_epl_at_gamma_2_is_the_sie():
     b = mass.SIE(**kw).deflection(x, y)
     assert rel_err(a[0], b[0]) < 100 * default_eps()
     assert rel_err(a[1], b[1]) < 100 * default_eps()
+
+
+@pytest.mark.x64_only
+@pytest.mark.parametrize(
+    "e1, e2",
+    [(0.0, 0.0), (1e-12, 0.0), (0.0, 1e-9), (-2e-8, 1e-8), (2e-3, 1e-3), (0.0185, 0.0), (0.3, 0.2)],
+)
+def test_sie_ellipticity_derivatives_are_the_epl_series_at_gamma_2(e1, e2):
+    # The SIE (Keeton's closed form, with a custom JVP in the ellipticity) against the EPL at
+    # gamma = 2 (the hypergeometric series): first and second derivatives with respect to
+    # (e1, e2) at, next to and away from q = 1, across the SIE's switch to its series for
+    # the derivative (c = eps^(1/9) = 0.0183) and its tiny-c value (c = 1.5e-8)
+    x, y = sample_points(64, seed=12)
+    kw = dict(theta_E=1.2, center_x=0.1, center_y=-0.05)
+
+    def f(e, cls, **extra):
+        ax, ay = cls(**kw, **extra, e1=e[0], e2=e[1]).deflection(x, y)
+        return jnp.sum(ax * jnp.cos(x)) + jnp.sum(ay * jnp.sin(3 * y))
+
+    e = jnp.asarray([e1, e2])
+    sie = functools.partial(f, cls=mass.SIE)
+    epl = functools.partial(f, cls=mass.EPL, gamma=2.0)
+    for order in (jax.grad, jax.hessian):
+        a, b = jax.jit(order(sie))(e), jax.jit(order(epl))(e)
+        assert rel_err(a, b) < 1e-11, order.__name__
 
 
 @pytest.mark.parametrize("gamma", [1.4, 2.0, 2.6])

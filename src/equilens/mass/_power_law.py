@@ -20,12 +20,84 @@ from .._math import (
     fast_arctan,
     fast_atanh,
     inv_sqrt_or_zero,
-    rotate,
+    orientation,
     safe_sqrt,
-    smooth_in_ellipticity,
-    unrotate,
 )
 from ._base import AbstractMassProfile, Deflection
+
+# ---------------------------------------------------------------------------------------
+# SIE without a near-round branch.
+#
+# With z = x + i y (relative to the centre), eps = e1 + i e2, W = z - eps conj(z) and the
+# unit vector u = W / |W|, the SIE's deflection is (the EPL's form below at gamma = 2)
+#     alpha = theta_E sqrt(1 - |eps|^2) u G(w),   w = -conj(eps) u^2,
+#     G(w) = atanh(sqrt w) / sqrt w = 2F1(1, 1/2; 3/2; w) = sum_k w^k / (2k + 1),
+# and |w| = |eps| = c for every pixel. With sigma = sqrt(c) e^{-i phi} (phi the major axis'
+# angle), s = i sigma u is a square root of w and Keeton's (2001) closed form is
+#     atanh(s) = atanh(2 Re s / (1 + c)) / 2 + i atan(2 Im s / (1 - c)) / 2:
+# one atan and one log per pixel, G = atanh(s) conj(s) / c. That value is exact to
+# round-off down to c = 0 (G = 1 + w/3 below c = sqrt(eps)), but its derivative through
+# (c, phi) is 0 * inf at c = 0; a custom JVP supplies dG = G'(w) dw instead, with dw
+# smooth in (e1, e2) and G'(w) = (1/(1 - w) - G) / (2w), or its series for small c. One
+# formula for every ellipticity: no branch of the program (a `lax.cond` on c traced,
+# compiled and differentiated the profile three times).
+# ---------------------------------------------------------------------------------------
+
+_DG_TERMS = 8  # terms of the series of G'(w), used for c < eps^(1 / (_DG_TERMS + 1))
+
+
+def _sie_w(ur, ui, e1, e2):
+    # w = -conj(eps) u^2
+    pr, pi = ur * ur - ui * ui, 2 * ur * ui
+    return -(e1 * pr + e2 * pi), -(e1 * pi - e2 * pr)
+
+
+@jax.custom_jvp
+def _sie_g(ur: GridArray, ui: GridArray, e1: FloatScalar, e2: FloatScalar):
+    """Real and imaginary parts of `G(w)`, `w = -conj(eps) u^2`, `|u| = 1` (or `u = 0`)."""
+    c, cos_phi, sin_phi = orientation(e1, e2)
+    tiny = c < math.sqrt(float(jnp.finfo(jnp.result_type(c)).eps))
+    c = jnp.where(tiny, 0.25, c)
+    root_c = jnp.sqrt(c)
+    sr = root_c * (sin_phi * ur - cos_phi * ui)
+    si = root_c * (cos_phi * ur + sin_phi * ui)
+    # fast_atanh keeps relative precision for small arguments
+    a = 0.5 * fast_atanh(2 * sr / (1 + c))
+    b = 0.5 * fast_arctan(2 * si / (1 - c))
+    inv_c = 1 / c
+    wr, wi = _sie_w(ur, ui, e1, e2)
+    gr = jnp.where(tiny, 1 + wr / 3, (a * sr + b * si) * inv_c)
+    gi = jnp.where(tiny, wi / 3, (b * sr - a * si) * inv_c)
+    return gr, gi
+
+
+@_sie_g.defjvp
+def _sie_g_jvp(primals, tangents):
+    ur, ui, e1, e2 = primals
+    dur, dui, de1, de2 = tangents
+    gr, gi = _sie_g(ur, ui, e1, e2)
+    wr, wi = _sie_w(ur, ui, e1, e2)
+    # dw = -conj(d eps) u^2 - 2 conj(eps) u du
+    pr, pi = ur * ur - ui * ui, 2 * ur * ui
+    dpr, dpi = 2 * (ur * dur - ui * dui), 2 * (ur * dui + ui * dur)
+    dwr = -(de1 * pr + de2 * pi) - (e1 * dpr + e2 * dpi)
+    dwi = -(de1 * pi - de2 * pr) - (e1 * dpi - e2 * dpr)
+    c2 = e1 * e1 + e2 * e2
+    small = c2 < float(jnp.finfo(jnp.result_type(c2)).eps) ** (2 / (_DG_TERMS + 1))
+    # small c: G'(w) = sum_k (k + 1) w^k / (2k + 3), error ~ c^_DG_TERMS
+    sr = jnp.full_like(wr, _DG_TERMS / (2 * _DG_TERMS + 1))
+    si = jnp.zeros_like(wr)
+    for k in range(_DG_TERMS - 2, -1, -1):
+        sr, si = sr * wr - si * wi + (k + 1) / (2 * k + 3), sr * wi + si * wr
+    # otherwise (1/(1 - w) - G) / (2w), error ~ eps / c (w = 0 only at the centre, dw = 0)
+    wrs, wis = jnp.where(small, 0.5, wr), jnp.where(small, 0.0, wi)
+    m = (1 - wrs) ** 2 + wis * wis
+    hr, hi = (1 - wrs) / m - gr, wis / m - gi
+    m2 = 2 * (wrs * wrs + wis * wis)
+    m2 = jnp.where(m2 > 0, m2, 1)
+    dgr = jnp.where(small, sr, (hr * wrs + hi * wis) / m2)
+    dgi = jnp.where(small, si, (hi * wrs - hr * wis) / m2)
+    return (gr, gi), (dgr * dwr - dgi * dwi, dgr * dwi + dgi * dwr)
 
 
 class SIS(AbstractMassProfile):
@@ -65,12 +137,10 @@ class SIE(AbstractMassProfile):
     intermediate-axis convention. In the major-axis frame, with `b = theta_E sqrt(q)`,
     `e' = sqrt(1 - q^2)` and `w = sqrt(q^2 x'^2 + y'^2)`:
     `alpha_x' = b/e' atan(e' x'/w)`, `alpha_y' = b/e' atanh(e' y'/w)`, and
-    `psi = x alpha_x + y alpha_y`. At and near q = 1 the value is exact to round-off and the
-    gradients with respect to `e1`, `e2` are the true ones (see `smooth_in_ellipticity`).
-    The arctangent is `fast_arctan` (1 ulp), one log gives the atanh.
-
-    **Arguments:** `theta_E` (arcsec), `e1`, `e2` (ellipticity components), `center_x`,
-    `center_y` (arcsec).
+    `psi = x alpha_x + y alpha_y`, evaluated in the sky frame without angles (see the
+    comment above `_sie_g`): exact to round-off at every ellipticity including q = 1, with
+    the true gradients with respect to `e1`, `e2` there (1e-13), and no branch of the
+    program. The arctangent is `fast_arctan` (1 ulp), one log gives the atanh.
     """
 
     bounds: ClassVar[dict[str, tuple[float, float]]] = {
@@ -88,25 +158,16 @@ class SIE(AbstractMassProfile):
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 
     def deflection(self, x: GridArray, y: GridArray) -> Deflection:
-        def closed_form(c, cos_phi, sin_phi):
-            # Keeton (2001) for c > 0: one atan and one log per pixel. The offsets from
-            # the centre are taken inside the `lax.cond` of `smooth_in_ellipticity`: taken
-            # outside, a forward-mode derivative materialises their tangents (the centre's,
-            # one constant per tangent) over the whole grid as the cond's operands
-            dx, dy = x - self.center_x, y - self.center_y
-            q = (1 - c) / (1 + c)
-            e_prime = jnp.sqrt((1 - q) * (1 + q))
-            xp, yp = rotate(dx, dy, cos_phi, sin_phi)
-            inv_w = inv_sqrt_or_zero(q * q * xp * xp + yp * yp)
-            b_e = self.theta_E * jnp.sqrt(q) / e_prime
-            u = e_prime * yp * inv_w
-            ax = b_e * fast_arctan(e_prime * xp * inv_w)
-            # fast_atanh keeps relative precision for small u, which the derivative with
-            # respect to q near q = 1 needs
-            ay = b_e * fast_atanh(u)
-            return unrotate(ax, ay, cos_phi, sin_phi)
-
-        return smooth_in_ellipticity(closed_form, self.e1, self.e2)
+        dx, dy = x - self.center_x, y - self.center_y
+        e1, e2 = self.e1, self.e2
+        # W = z - eps conj(z), u = W / |W| (0 at the centre)
+        wr = dx - e1 * dx - e2 * dy
+        wi = dy - e2 * dx + e1 * dy
+        inv_m = inv_sqrt_or_zero(wr * wr + wi * wi)
+        ur, ui = wr * inv_m, wi * inv_m
+        gr, gi = _sie_g(ur, ui, e1, e2)
+        amp = self.theta_E * jnp.sqrt(1 - (e1 * e1 + e2 * e2))
+        return amp * (ur * gr - ui * gi), amp * (ur * gi + ui * gr)
 
     def potential(self, x: GridArray, y: GridArray) -> GridArray:
         ax, ay = self.deflection(x, y)
@@ -136,11 +197,14 @@ _MAX_TERMS = 2000
 
 def _stop_bound(n, cn, c, with_derivatives: bool):
     # Terms are bounded by c^n (coefficients <= 1 for 0 < t < 2). Remainder after n terms:
-    # F: c^(n+1)/(1-c); derivatives carry an extra factor ~ n (and log n).
+    # F: c^(n+1)/(1-c). With derivatives, dF/dw has summed only up to w^(n-1) (remainder
+    # ~ (n+1) c^n), dF/dt carries an extra factor ~ log n, and the second derivatives
+    # (the JVP of the JVP rule: Hessians) up to w^(n-2), remainder ~ n^2 c^(n-1): the
+    # bound is compared with eps * c (see `cond`).
     one_minus_c = 1 - c
     if with_derivatives:
         m = (n + 2).astype(c.dtype)
-        return m * m * cn * c / (one_minus_c * one_minus_c)
+        return m * m * m * cn / (one_minus_c * one_minus_c * one_minus_c)
     return cn * c / one_minus_c
 
 
@@ -161,10 +225,11 @@ def _hyp_series(wr, wi, t, c, with_derivatives: bool):
 
     def cond(state):
         n, cn = state[0], state[1]
-        # With derivatives, at least one term: dF/dw at w = 0 is a_1, not 0.
-        going = _stop_bound(n, cn, c, with_derivatives) > eps
         if with_derivatives:
-            going = going | (n < 1)
+            # at least three terms: dF/dw at w = 0 is a_1 and d2F/dw2 is 2 a_2, not 0
+            going = (_stop_bound(n, cn, c, with_derivatives) > eps * c) | (n < 3)
+        else:
+            going = _stop_bound(n, cn, c, with_derivatives) > eps
         return (n < _MAX_TERMS) & going
 
     def body(state):

@@ -28,6 +28,7 @@ _OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
 _PARALLEL = {"cache": True, "nogil": True, "parallel": True, "error_model": "numpy"}
 _EPS = float(np.finfo(np.float64).eps)
 _H = math.sqrt(_EPS)  # the near-round shift of `smooth_in_ellipticity`
+_SIE_NEAR_ROUND = _H  # below: G(w) = 1 + w/3 (as `equilens.mass._power_law._sie_g`)
 _SERIES_RADIUS = 1e-3
 _MAX_TERMS = 2000
 _ONE_PLUS_LN_HALF = 1.0 + math.log(0.5)
@@ -148,7 +149,7 @@ def sis(x, y, out, theta_E, cx, cy, what):
 
 
 # --------------------------------------------------------------------------------------
-# SIE (Keeton 2001 closed form; the average of e1 +- h next to q = 1)
+# SIE (Keeton 2001 closed form; its angle-free limit next to q = 1)
 # --------------------------------------------------------------------------------------
 
 
@@ -173,26 +174,38 @@ def _sie_polar(dx, dy, q, e_prime, b_e, cp, sp):
     return cp * ax - sp * ay, sp * ax + cp * ay
 
 
+@numba.njit(**_OPTIONS)
+@no_type_check
+def _sie_near_round(dx, dy, theta_E, e1, e2):
+    # the angle-free form of `equilens.mass.SIE` at c < sqrt(eps), where G(w) = 1 + w/3
+    wr = dx - e1 * dx - e2 * dy
+    wi = dy - e2 * dx + e1 * dy
+    m2 = wr * wr + wi * wi
+    inv_m = 1 / math.sqrt(m2) if m2 > 0 else 0.0
+    ur, ui = wr * inv_m, wi * inv_m
+    pr, pi = ur * ur - ui * ui, 2 * ur * ui
+    ar = -(e1 * pr + e2 * pi)
+    ai = -(e1 * pi - e2 * pr)
+    gr, gi = 1 + ar / 3, ai / 3
+    amp = theta_E * math.sqrt(1 - (e1 * e1 + e2 * e2))
+    return amp * (ur * gr - ui * gi), amp * (ur * gi + ui * gr)
+
+
 @numba.njit(**_PARALLEL)
 @no_type_check
 def sie(x, y, out, theta_E, e1, e2, cx, cy, what):
-    # Keeton's closed form at c > 0; next to q = 1 the average of e1 +- h (as
-    # `equilens._math.smooth_in_ellipticity`)
+    # Keeton's closed form, and next to q = 1 its angle-free limit (as `equilens.mass.SIE`)
     c, cp, sp = orientation(e1, e2)
-    round_ = c < 0.1 * _H
-    if round_:
-        c, cp, sp = orientation(e1 + _H, e2)
+    near_round = c < _SIE_NEAR_ROUND
+    if near_round:
+        c, cp, sp = 0.5, 1.0, 0.0  # unused
     q, e_prime, b_e = _sie_constants(theta_E, c)
-    c_m, cp_m, sp_m = c, cp, sp
-    if round_:
-        c_m, cp_m, sp_m = orientation(e1 - _H, e2)
-    q_m, e_prime_m, b_e_m = _sie_constants(theta_E, c_m)
     for i in numba.prange(x.size):
         dx, dy = x[i] - cx, y[i] - cy
-        ax, ay = _sie_polar(dx, dy, q, e_prime, b_e, cp, sp)
-        if round_:
-            ax2, ay2 = _sie_polar(dx, dy, q_m, e_prime_m, b_e_m, cp_m, sp_m)
-            ax, ay = 0.5 * (ax + ax2), 0.5 * (ay + ay2)
+        if near_round:
+            ax, ay = _sie_near_round(dx, dy, theta_E, e1, e2)
+        else:
+            ax, ay = _sie_polar(dx, dy, q, e_prime, b_e, cp, sp)
         if what == 0:
             out[0, i] = ax
             out[1, i] = ay
