@@ -46,6 +46,12 @@ from ._base import AbstractMassProfile, Deflection
 _DG_TERMS = 8  # terms of the series of G'(w), used for c < eps^(1 / (_DG_TERMS + 1))
 
 
+def _sky_frame_w(dx: GridArray, dy: GridArray, e1: FloatScalar, e2: FloatScalar):
+    """Real and imaginary parts of `W = z - eps conj(z)` (`z = dx + i dy`, `eps = e1 + i e2`):
+    the SIE's and the EPL's angle-free coordinate."""
+    return dx - e1 * dx - e2 * dy, dy - e2 * dx + e1 * dy
+
+
 def _sie_w(ur, ui, e1, e2):
     # w = -conj(eps) u^2
     pr, pi = ur * ur - ui * ui, 2 * ur * ui
@@ -160,9 +166,8 @@ class SIE(AbstractMassProfile):
     def deflection(self, x: GridArray, y: GridArray) -> Deflection:
         dx, dy = x - self.center_x, y - self.center_y
         e1, e2 = self.e1, self.e2
-        # W = z - eps conj(z), u = W / |W| (0 at the centre)
-        wr = dx - e1 * dx - e2 * dy
-        wi = dy - e2 * dx + e1 * dy
+        # u = W / |W| (0 at the centre)
+        wr, wi = _sky_frame_w(dx, dy, e1, e2)
         inv_m = inv_sqrt_or_zero(wr * wr + wi * wi)
         ur, ui = wr * inv_m, wi * inv_m
         gr, gi = _sie_g(ur, ui, e1, e2)
@@ -304,9 +309,7 @@ class EPL(AbstractMassProfile):
         e1, e2, t = self.e1, self.e2, self.gamma - 1
         c2 = e1 * e1 + e2 * e2
         c = safe_sqrt(c2)
-        # W = z - eps conj(z)
-        wr = dx - e1 * dx - e2 * dy
-        wi = dy - e2 * dx + e1 * dy
+        wr, wi = _sky_frame_w(dx, dy, e1, e2)
         w2 = wr * wr + wi * wi
         inv_w2 = jnp.where(w2 > 0, 1 / jnp.where(w2 > 0, w2, 1), 0)
         # argument -conj(eps) W^2 / |W|^2
