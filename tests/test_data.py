@@ -124,6 +124,27 @@ def test_a_crop_is_never_smaller_than_the_psf_kernel():
     np.testing.assert_allclose(np.sort(np.asarray(cut.grid.x)[np.asarray(cut.mask)]), x_used)
 
 
+def test_with_supersampling_is_the_dataset_built_at_that_factor():
+    rng = np.random.default_rng(1)
+    d, n = rng.normal(size=(24, 28)), 0.5 + rng.random((24, 28))
+    mask = np.ones((24, 28), bool)
+    mask[:3] = False
+    psf = el.GaussianPSF(fwhm=0.25, pixel_scale=0.1)
+    kw = dict(mask=mask, origin=(0.03, -0.1))
+    fine = el.Imaging(d, n, psf, 0.1, supersampling=3, **kw)
+    coarse = fine.with_supersampling(1)
+    assert eqx.tree_equal(coarse, el.Imaging(d, n, psf, 0.1, supersampling=1, **kw))
+    assert eqx.tree_equal(coarse.with_supersampling(3), fine)
+    system = el.LensSystem(mass.SIE(theta_E=0.8, e1=0.1), source=light.Sersic(2.0, 0.2, 1.5))
+    image = system.image(coarse.grid, coarse.convolution)
+    np.testing.assert_array_equal(image, system.image(el.Grid((24, 28), 0.1, (0.03, -0.1)), psf))
+    with pytest.raises(ValueError, match="supersampling"):
+        fine.with_supersampling(0)
+    psf2 = el.GaussianPSF(fwhm=0.25, pixel_scale=0.1, supersampling=3)
+    with pytest.raises(ValueError, match="PSF supersampling 3 must be 1"):
+        el.Imaging(d, n, psf2, 0.1, supersampling=3).with_supersampling(2)
+
+
 def test_from_fits_ignores_a_nan_border_outside_the_mask_radius(tmp_path):
     from astropy.io import fits
 

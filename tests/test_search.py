@@ -242,13 +242,14 @@ def test_auto_positions_are_the_images_of_the_source_centre(objective):
 def test_fit_lens_with_positions_recovers_the_einstein_radius():
     """A lens with lens light, fitted by the staged pipeline with the image positions of the
     source's centre as a penalty term: the positions term is in the objective, and the
-    Einstein radius comes out within 1% (and the positions trace to one source point)."""
+    Einstein radius comes out within 1% (and the positions trace to one source point).
+    The data are supersampled 2x2: the search runs on pixel centres, the final fit at 2x2."""
     truth = el.LensSystem(
         mass=mass.SIE(theta_E=1.1, e1=-0.12, e2=0.06) + mass.ExternalShear(0.02, 0.03),
         lens_light=light.Sersic(amp=4.0, R_sersic=0.5, n_sersic=3.5, e1=-0.05),
         source=light.Sersic(amp=15.0, R_sersic=0.1, n_sersic=1.0, center_x=0.04, center_y=-0.03),
     )
-    grid = el.Grid((60, 60), 0.06)
+    grid = el.Grid((60, 60), 0.06, supersampling=2)
     data = el.simulate(
         jax.random.key(3),
         truth,
@@ -260,10 +261,31 @@ def test_fit_lens_with_positions_recovers_the_einstein_radius():
     )
     pos = el.lensing.image_positions(truth.mass, 0.04, -0.03, el.Grid((160, 160), 0.02))
     assert len(pos) >= 2
+    stages = {}
     result = el.solve.fit_lens(
-        data, "sie+shear", "mge", "sersic", positions=pos, n_screen=128, n_refine=4, log=None
+        data,
+        "sie+shear",
+        "mge",
+        "sersic",
+        positions=pos,
+        n_screen=128,
+        n_refine=4,
+        log=None,
+        on_stage=stages.__setitem__,
     )
     assert result.success, result.message()
+    # the search's objective is the same likelihood and positions on pixel centres
+    searched, final = stages["search"], stages["all free"]
+    positions = el.PositionsTerm(pos[:, 0], pos[:, 1], data.pixel_scale)
+
+    def objective(imaging):
+        return el.Objective([el.GaussianLikelihood(imaging, nonnegative=True), positions])
+
+    coarse = float(objective(data.with_supersampling(1))(searched.model))
+    np.testing.assert_allclose(coarse, float(searched.value), rtol=1e-9)
+    full = float(objective(data)(searched.model))
+    assert abs(full - coarse) > 1e-6 * abs(coarse)
+    assert float(final.value) < full
     assert result.term_values.shape == (2,)  # the likelihood and the positions
     te = float(result.model.mass.components[0].theta_E)
     assert abs(te - 1.1) / 1.1 < 0.01, te

@@ -47,6 +47,13 @@ def _kernel_pixels(psf: AbstractPSF) -> tuple[int, int]:
     return -(-ky // psf.supersampling), -(-kx // psf.supersampling)
 
 
+def _convolution(psf: AbstractPSF, shape: tuple[int, int], supersampling: int):
+    """The PSF's FFT operator for images of `shape` pixels evaluated at `supersampling`
+    (convolved at the sub-pixel level when the PSF is supersampled, else after binning)."""
+    s = 1 if psf.supersampling == 1 else supersampling
+    return psf.fft_operator((shape[0] * s, shape[1] * s))
+
+
 class DataWarning(UserWarning):
     """A dataset that is valid but probably not what was meant (e.g. a PSF much wider than
     the sharpest feature in the data)."""
@@ -237,10 +244,7 @@ class Imaging(eqx.Module):
         self.noise_map = jnp.asarray(n, dtype=dtype)
         self.psf = psf
         self.mask = jnp.asarray(m)
-        conv_shape = (
-            d.shape if psf.supersampling == 1 else tuple(s * supersampling for s in d.shape)
-        )
-        self.convolution = psf.fft_operator(conv_shape)
+        self.convolution = _convolution(psf, d.shape, supersampling)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -249,6 +253,22 @@ class Imaging(eqx.Module):
     @property
     def pixel_scale(self) -> float:
         return self.grid.pixel_scale
+
+    def with_supersampling(self, supersampling: int) -> "Imaging":
+        """The same dataset with its model images evaluated on `supersampling`^2 sub-pixels
+        per pixel (`Grid.supersampling`): data, noise, mask and PSF unchanged. E.g. 1 for a
+        cheap first look (`fit_lens` searches at 1, then fits at the dataset's own). Raises
+        `ValueError` for a factor that is not a positive integer, or when the PSF is
+        supersampled (`psf.supersampling > 1`) at another factor."""
+        g = self.grid
+        grid = Grid(g.shape, g.pixel_scale, g.origin, supersampling, g.split)
+        if self.psf.supersampling not in (1, supersampling):
+            raise ValueError(
+                f"PSF supersampling {self.psf.supersampling} must be 1 or the dataset's "
+                f"supersampling {supersampling}"
+            )
+        convolution = _convolution(self.psf, g.shape, supersampling)
+        return eqx.tree_at(lambda im: (im.grid, im.convolution), self, (grid, convolution))
 
     def shifted(self, dx: float, dy: float) -> "Imaging":
         """The same dataset with its grid moved by `(dx, dy)` arcsec on the sky (e.g. a

@@ -103,6 +103,7 @@ def fit_lens(
     log: Callable[[str], None] | None = print,
     progress: bool = False,
     on_stage: Callable[[str, FitResult], None] | None = None,
+    search_supersampling: int | None = None,
 ) -> FitResult:
     """Fits a lens model to `imaging` from a generic start, in three stages (the usual
     pipeline of the field, e.g. PyAutoLens's SLaM):
@@ -114,8 +115,13 @@ def fit_lens(
        where its mass maps the arcs (`arc_placement`: the pixels of the data minus the
        stage-1 lens light above 3 sigma, PSF-matched; without such pixels the source
        position is searched too); 32 of them, spread over the space, polished by 15
-       steps, the best `n_refine` refined together; the best plausible minimum kept;
-    3. everything together, from that model; its covariance is reported.
+       steps, the best `n_refine` refined together; the best plausible minimum kept. The
+       search's model images are evaluated at `search_supersampling` (default: 1, one
+       point per pixel, when the PSF is given at the data's resolution; else the
+       dataset's own): it only has to find the basin, and each of its steps costs
+       `supersampling^2` times less (the demo's search 61 -> 16 s at 2x2);
+    3. everything together, from that model, at the dataset's supersampling; its
+       covariance is reported.
 
     Profiles are named as in `start_model` (`"sie+shear"`, `"mge"`, `"sersic"`, ...); every
     starting value comes from the data (`light_moments`); the amplitudes are solved
@@ -140,6 +146,7 @@ def fit_lens(
     if positions is not None:
         terms.append(_positions_term(positions, positions_sigma, imaging.pixel_scale))
     objective = Objective(terms)
+    searched = _search_objective(objective, imaging, search_supersampling)
     model = start_model(imaging, mass, lens_light, source)
     radius = light_moments(imaging).mask_radius
     bounds = lens_bounds(model, radius)
@@ -170,7 +177,7 @@ def fit_lens(
         source_position=placement is None,
     )
     found = search(
-        objective,
+        searched,
         model,
         space,
         n_screen=n_screen,
@@ -206,6 +213,19 @@ def fit_lens(
     if on_stage is not None:
         on_stage("all free", r)
     return r
+
+
+def _search_objective(
+    objective: Objective, imaging: Imaging, supersampling: int | None
+) -> Objective:
+    """`objective` with its likelihood's dataset evaluated at `supersampling` (None: 1
+    when the PSF is at the data's resolution, else the dataset's own)."""
+    if supersampling is None:
+        supersampling = 1 if imaging.psf.supersampling == 1 else imaging.grid.supersampling
+    if supersampling == imaging.grid.supersampling:
+        return objective
+    coarse = imaging.with_supersampling(supersampling)
+    return eqx.tree_at(lambda o: o.terms[0].imaging, objective, coarse)
 
 
 def fit_multiband(
