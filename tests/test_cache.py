@@ -88,3 +88,33 @@ def test_bad_settings_are_refused(tmp_path):
         el.compilation_cache(tmp_path, max_size=0)
     with pytest.raises(ValueError, match="min_compile_time"):
         el.compilation_cache(tmp_path, min_compile_time=-1.0)
+
+
+def test_the_bound_is_kept_without_listing_the_folder_on_every_write(tmp_path, monkeypatch):
+    """JAX's bounded cache with equilens's check (`_BoundedEviction`): writes under the
+    bound evict nothing and read no access times; over it, the least recently used go
+    first, an entry without its access-time file before all."""
+    from jax._src.lru_cache import LRUCache
+
+    from equilens import _cache
+
+    check = _cache._install_bounded_eviction()
+    assert _cache._install_bounded_eviction() is check
+    cache = LRUCache(str(tmp_path), max_size=10_000)
+    before = check.full_passes
+    for i in range(8):
+        cache.put(f"k{i}", bytes(1000))
+    assert check.full_passes == before
+    assert cache.get("k0") == bytes(1000)  # k0 is now the most recently used
+    # left by a process stopped between its two writes; seen at the next listing
+    (tmp_path / "orphan-cache").write_bytes(bytes(500))
+    monkeypatch.setattr(_cache, "RESCAN_SECONDS", 0.0)
+    cache.put("k8", bytes(1000))  # 9,500 bytes: still under
+    assert check.full_passes == before
+    cache.put("k9", bytes(1000))  # the orphan goes
+    cache.put("k10", bytes(1000))  # then k1, the least recently used
+    assert check.full_passes == before + 2
+    left = {p.name.removesuffix("-cache") for p in tmp_path.glob("*-cache")}
+    assert left == {"k0", *(f"k{i}" for i in range(2, 11))}
+    assert sum(p.stat().st_size for p in tmp_path.glob("*-cache")) <= 10_000
+    assert not (tmp_path / "k1-atime").exists()
