@@ -3,6 +3,7 @@
 import dataclasses
 import os
 
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float
@@ -11,7 +12,7 @@ from ._files import atomic_path
 from ._grid import Grid
 from ._lens_system import LensSystem
 from .data import Imaging
-from .lensing import caustics, critical_curves
+from .lensing import critical_curves, source_plane_lines
 from .source import Inversion
 
 
@@ -53,6 +54,21 @@ def asinh_stretch(image: np.ndarray, soft: float, vmax: float) -> np.ndarray:
     return np.arcsinh(image / soft) / np.arcsinh(max(float(vmax), soft) / soft)
 
 
+# compiled: run eagerly, a model's hundreds of operations each cost a program of their own
+# in every new process
+@eqx.filter_jit
+def _images(system: LensSystem, imaging: Imaging):
+    """The model image and the lensed source's part of it."""
+    conv = imaging.convolution
+    source_only = dataclasses.replace(system, lens_light=None)
+    return system.image(imaging.grid, conv), source_only.image(imaging.grid, conv)
+
+
+@eqx.filter_jit
+def _source_plane_image(system: LensSystem, grid: Grid):
+    return system.source_plane_image(grid)
+
+
 def plot_fit(system: LensSystem, imaging: Imaging, path: str | os.PathLike, title: str = "") -> str:
     """Writes a six-panel PNG to `path` of a fit with a parametric source:
 
@@ -70,16 +86,14 @@ def plot_fit(system: LensSystem, imaging: Imaging, path: str | os.PathLike, titl
     import matplotlib.pyplot as plt
 
     grid = imaging.grid
-    conv = imaging.convolution
-    model = np.asarray(system.image(grid, conv))
-    source_only = np.asarray(dataclasses.replace(system, lens_light=None).image(grid, conv))
+    model, source_only = (np.asarray(a) for a in _images(system, imaging))
     data = np.asarray(imaging.data)
     mask = np.asarray(imaging.mask)
     noise = np.asarray(imaging.noise_map)
     resid = np.where(mask, (data - model) / noise, np.nan)
     fine = Grid((2 * grid.shape[0], 2 * grid.shape[1]), grid.pixel_scale / 2, origin=grid.origin)
     crit = critical_curves(system.mass, fine)
-    caus = caustics(system.mass, fine)
+    caus = source_plane_lines(system.mass, crit)
     pts = np.concatenate(caus) if caus else np.zeros((0, 2))
     if len(pts):
         cx, cy = pts.mean(axis=0)
@@ -88,7 +102,7 @@ def plot_fit(system: LensSystem, imaging: Imaging, path: str | os.PathLike, titl
         cx, cy, half = grid.origin[0], grid.origin[1], 0.5
     n = 150
     src_grid = Grid((n, n), 2 * half / n, origin=(float(cx), float(cy)), supersampling=2)
-    src = np.asarray(system.source_plane_image(src_grid))
+    src = np.asarray(_source_plane_image(system, src_grid))
 
     soft = float(np.median(noise[mask])) if mask.any() else 1.0
     vmax = float(np.nanpercentile(np.where(mask, data, np.nan), 99.9))
@@ -190,7 +204,7 @@ def plot_reconstruction(
     nodes = np.asarray(inversion.geometry.nodes())
     fine = Grid((2 * grid.shape[0], 2 * grid.shape[1]), grid.pixel_scale / 2, origin=grid.origin)
     crit = critical_curves(system.mass, fine)
-    caus = caustics(system.mass, fine)
+    caus = source_plane_lines(system.mass, crit)
     sext, ext = _extent(src_grid), _extent(grid)
     zoom = _source_zoom(src, src_grid, caus, sext)
     soft = float(np.median(noise[mask])) if mask.any() else 1.0

@@ -1,5 +1,6 @@
 """Critical curves and caustics (host-side contouring of det A = 0)."""
 
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float
@@ -17,20 +18,39 @@ def critical_curves(mass: AbstractMassProfile, grid: Grid) -> list[Float[np.ndar
     """
     import contourpy
 
-    x, y = grid.coordinates(supersampled=True)
-    det = np.asarray(mass.jacobian_determinant(x, y), dtype=np.float64)
+    x, y, det = (np.asarray(a, dtype=np.float64) for a in _determinant(mass, grid))
     det = np.where(np.isfinite(det), det, np.nan)
-    gen = contourpy.contour_generator(
-        np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64), det
-    )
+    gen = contourpy.contour_generator(x, y, det)
     return [np.asarray(line) for line in gen.lines(0.0) if len(line) > 1]
 
 
 def caustics(mass: AbstractMassProfile, grid: Grid) -> list[Float[np.ndarray, "n 2"]]:
     """The caustics: the critical curves mapped to the source plane by the lens equation."""
-    out = []
-    for line in critical_curves(mass, grid):
-        dtype = jnp.result_type(float)
-        bx, by = mass.ray_shoot(jnp.asarray(line[:, 0], dtype), jnp.asarray(line[:, 1], dtype))
-        out.append(np.stack([np.asarray(bx), np.asarray(by)], axis=1))
-    return out
+    return source_plane_lines(mass, critical_curves(mass, grid))
+
+
+def source_plane_lines(
+    mass: AbstractMassProfile, lines: list[Float[np.ndarray, "n 2"]]
+) -> list[Float[np.ndarray, "n 2"]]:
+    """Image-plane polylines (`(n, 2)` arrays of `x, y` in arcsec, e.g. critical curves)
+    mapped to the source plane by the lens equation, all in one compiled call."""
+    if not lines:
+        return []
+    dtype = jnp.result_type(float)
+    points = np.concatenate(lines)
+    bx, by = _ray_shoot(mass, jnp.asarray(points[:, 0], dtype), jnp.asarray(points[:, 1], dtype))
+    mapped = np.stack([np.asarray(bx), np.asarray(by)], axis=1)
+    return np.split(mapped, np.cumsum([len(line) for line in lines])[:-1])
+
+
+# compiled: run eagerly, a mass model's hundreds of operations each cost a program of their
+# own in every new process (a second apiece for a figure)
+@eqx.filter_jit
+def _determinant(mass: AbstractMassProfile, grid: Grid):
+    x, y = grid.coordinates(supersampled=True)
+    return x, y, mass.jacobian_determinant(x, y)
+
+
+@eqx.filter_jit
+def _ray_shoot(mass: AbstractMassProfile, x, y):
+    return mass.ray_shoot(x, y)

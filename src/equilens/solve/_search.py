@@ -175,12 +175,7 @@ def arc_placement(
     pass (no arcs detected)."""
     if not threshold > 0:
         raise ValueError(f"threshold must be > 0 (in noise sigmas), got {threshold}")
-    if model.lens_light is None:
-        lens = jnp.zeros_like(imaging.data)
-    else:
-        total = model.image(imaging.grid, imaging.psf)
-        no_lens = eqx.tree_at(lambda s: s.lens_light, model, None, is_leaf=lambda v: v is None)
-        lens = total - no_lens.image(imaging.grid, imaging.psf)
+    lens = jnp.zeros_like(imaging.data) if model.lens_light is None else _lens_image(model, imaging)
     residual = np.asarray(imaging.data - lens, dtype=float)
     inv_var = np.where(np.asarray(imaging.mask), np.asarray(imaging.noise_map, float) ** -2, 0.0)
     if smooth and imaging.psf.supersampling == 1:
@@ -208,6 +203,15 @@ def arc_placement(
         jnp.asarray(np.asarray(imaging.grid.y)[use], dtype),
         jnp.asarray(snr[use], dtype),
     )
+
+
+@eqx.filter_jit
+def _lens_image(model: LensSystem, imaging: Imaging) -> Float[Array, "ny nx"]:
+    """The lens light's part of `model`'s image (one compiled program: run eagerly, its
+    few hundred operations each cost a program of their own in every new process)."""
+    total = model.image(imaging.grid, imaging.psf)
+    no_lens = eqx.tree_at(lambda s: s.lens_light, model, None, is_leaf=lambda v: v is None)
+    return total - no_lens.image(imaging.grid, imaging.psf)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -381,9 +385,7 @@ def search(
     values = np.asarray(_screen(objective, model, wheres, jnp.asarray(points, dtype), prepare))
     n_polish = max(n_polish, n_refine)
     order = _diverse_best(values, u, min(n_polish, n_screen), separation)
-    starts = jax.vmap(lambda p: _start(model, wheres, p, prepare))(
-        jnp.asarray(points[order], dtype)
-    )
+    starts = _starts(model, wheres, jnp.asarray(points[order], dtype), prepare)
     polished_values = None
     if polish_steps > 0 and order.size > n_refine:
         polished = fit_batch(
@@ -467,6 +469,13 @@ def _set(model: PyTree[Any], wheres: tuple[Where, ...], p: Float[Array, " d"]) -
 def _start(model: PyTree[Any], wheres: tuple[Where, ...], p: Float[Array, " d"], prepare):
     model = _set(model, wheres, p)
     return model if prepare is None else prepare(model)
+
+
+@eqx.filter_jit
+def _starts(model: PyTree[Any], wheres: tuple[Where, ...], points: Float[Array, "n d"], prepare):
+    """`_start` at each row of `points`, batched along a leading axis (compiled: the
+    placement's ray tracing run eagerly costs a program per operation)."""
+    return jax.vmap(lambda p: _start(model, wheres, p, prepare))(points)
 
 
 def _diverse_best(values: np.ndarray, unit: np.ndarray, n: int, separation: float) -> np.ndarray:
