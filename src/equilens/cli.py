@@ -631,7 +631,11 @@ def main(argv: list[str] | None = None) -> int:
     fit.add_argument("--source", default="sersic", help="source light profiles, or 'pixelized'")
     _common_options(fit)
     fit.add_argument(
-        "--supersampling", type=int, default=1, help="sub-pixels per pixel side (1 to 32)"
+        "--supersampling",
+        type=int,
+        default=1,
+        help="sub-pixels per pixel side (1 to 32; the global search evaluates the pixel "
+        "centres only, the final fit this)",
     )
     fit.add_argument("--solver", default="lm", help="solver name (lm, bfgs, lbfgs, adam)")
     fit.add_argument(
