@@ -9,7 +9,7 @@ from .._grid import Grid
 from ..mass import AbstractMassProfile
 
 
-def critical_curves(mass: AbstractMassProfile, grid: Grid) -> list[Float[np.ndarray, "n 2"]]:
+def critical_curves(mass: AbstractMassProfile, grid: Grid) -> list[Float[np.ndarray, "_n 2"]]:
     """The critical curves (det A = 0) of `mass`, found on `grid` (its supersampled points
     when `grid.supersampling > 1`; finer grids give smoother curves).
 
@@ -24,14 +24,14 @@ def critical_curves(mass: AbstractMassProfile, grid: Grid) -> list[Float[np.ndar
     return [np.asarray(line) for line in gen.lines(0.0) if len(line) > 1]
 
 
-def caustics(mass: AbstractMassProfile, grid: Grid) -> list[Float[np.ndarray, "n 2"]]:
+def caustics(mass: AbstractMassProfile, grid: Grid) -> list[Float[np.ndarray, "_n 2"]]:
     """The caustics: the critical curves mapped to the source plane by the lens equation."""
     return source_plane_lines(mass, critical_curves(mass, grid))
 
 
 def source_plane_lines(
-    mass: AbstractMassProfile, lines: list[Float[np.ndarray, "n 2"]]
-) -> list[Float[np.ndarray, "n 2"]]:
+    mass: AbstractMassProfile, lines: list[Float[np.ndarray, "_n 2"]]
+) -> list[Float[np.ndarray, "_n 2"]]:
     """Image-plane polylines (`(n, 2)` arrays of `x, y` in arcsec, e.g. critical curves)
     mapped to the source plane by the lens equation, all in one compiled call."""
     if not lines:
