@@ -161,7 +161,14 @@ def test_fit_batch_split_over_devices(data, n_devices):
     split = el.fit_batch(objective, starts, "lm", max_steps=30, mesh=el.device_mesh(n_devices))
     assert split.value.shape == (3,)
     np.testing.assert_allclose(np.asarray(split.value), np.asarray(whole.value), rtol=RTOL)
-    np.testing.assert_array_equal(np.asarray(split.num_steps), np.asarray(whole.num_steps))
+    theta_e = [np.asarray(r.model.mass.components[0].theta_E) for r in (split, whole)]
+    np.testing.assert_allclose(*theta_e, rtol=1e-6)  # the fits' own tolerance
+    # On a CPU the unsplit batch is a loop of single fits (route "auto") and the split one
+    # is vmapped on each device: at the optimum, where the values agree to rounding, one
+    # element's stop test may pass a step or more apart (seen in a clean-clone CI: 10
+    # steps against 9, the values equal to 1e-12), as in test_several_fits_per_device
+    apart = np.abs(np.asarray(split.num_steps) - np.asarray(whole.num_steps))
+    assert np.median(apart) == 0 and apart.max() <= 20, apart
 
 
 def test_fit_runs_unchanged_on_a_sharded_objective(data):
