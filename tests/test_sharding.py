@@ -167,7 +167,13 @@ def test_fit_batch_split_over_devices(data, n_devices):
     # is vmapped on each device: at the optimum, where the values agree to rounding, one
     # element's stop test may pass a step or more apart (seen in a clean-clone CI: 10
     # steps against 9, the values equal to 1e-12), as in test_several_fits_per_device
-    apart = np.abs(np.asarray(split.num_steps) - np.asarray(whole.num_steps))
+    _assert_steps_agree(split.num_steps, whole.num_steps)
+
+
+def _assert_steps_agree(steps, steps_single) -> None:
+    """Most elements stop after the same steps; at the optimum, where the values agree to
+    rounding, one may stop up to the stall rule's 20 steps apart."""
+    apart = np.abs(np.asarray(steps) - np.asarray(steps_single))
     assert np.median(apart) == 0 and apart.max() <= 20, apart
 
 
@@ -233,8 +239,7 @@ def test_several_fits_per_device():
     np.testing.assert_allclose(r["value"], r["value_single"], rtol=RTOL)
     np.testing.assert_allclose(r["theta_E"], r["theta_E_single"], rtol=1e-7)
     np.testing.assert_allclose(r["theta_E"], 1.2, atol=0.01)
-    apart = [abs(a - b) for a, b in zip(r["steps"], r["steps_single"], strict=True)]
-    assert sorted(apart)[len(apart) // 2] == 0 and max(apart) <= 20, apart
+    _assert_steps_agree(r["steps"], r["steps_single"])
     jaxlib = tuple(int(p) for p in importlib.metadata.version("jaxlib").split(".")[:2])
     old_jaxlib = jaxlib == (0, 10)
     assert r["affected"] == old_jaxlib
