@@ -1,6 +1,7 @@
 """Compiled programs kept on disk (`equilens._cache`): on at import in the user's cache
-folder, the user's own JAX cache respected, switched off by EQUILENS_COMPILATION_CACHE=0;
-a second process loads what the first compiled. Each case runs in its own Python process
+folder (one sub-folder per CPU), the user's own JAX cache respected, switched off by
+EQUILENS_COMPILATION_CACHE=0; a second process loads what the first compiled, without
+jaxlib's lines about LLVM tuning preferences. Each case runs in its own Python process
 (the cache is JAX's global configuration)."""
 
 import json
@@ -37,7 +38,7 @@ print(json.dumps({"dir": jax.config.jax_compilation_cache_dir,
 """
 
 
-def _run(tmp_path, *args: str, **env: str) -> dict:
+def _run(tmp_path, *args: str, stderr: list | None = None, **env: str) -> dict:
     base = {
         k: v
         for k, v in os.environ.items()
@@ -52,14 +53,24 @@ def _run(tmp_path, *args: str, **env: str) -> dict:
         timeout=300,
         check=True,
     )
+    if stderr is not None:
+        stderr.append(out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_on_by_default_in_the_users_cache_folder(tmp_path):
+    from equilens._cache import host_cpu_key
+
+    base = tmp_path / "xdg" / "equilens" / "jax"
+    base.mkdir(parents=True)
+    # programs kept directly in the folder by equilens before the per-CPU sub-folders
+    for name in ("jit_f-0a1b-cache", "jit_f-0a1b-atime", "notes.txt"):
+        (base / name).write_bytes(b"x")
     got = _run(tmp_path)
-    assert got["dir"] == str(tmp_path / "xdg" / "equilens" / "jax")
+    assert got["dir"] == str(base / host_cpu_key())
     assert got["enabled"] is True
     assert os.path.isdir(got["dir"])
+    assert sorted(p.name for p in base.iterdir()) == sorted([host_cpu_key(), "notes.txt"])
 
 
 def test_the_users_own_cache_and_the_switch_are_respected(tmp_path):
@@ -68,17 +79,54 @@ def test_the_users_own_cache_and_the_switch_are_respected(tmp_path):
     off = _run(tmp_path, EQUILENS_COMPILATION_CACHE="0")
     assert off["dir"] is None
     assert not (tmp_path / "xdg" / "equilens").exists()
-    there = str(tmp_path / "there")
-    assert _run(tmp_path, EQUILENS_COMPILATION_CACHE=there)["dir"] == there
+    there = tmp_path / "there"
+    got = _run(tmp_path, EQUILENS_COMPILATION_CACHE=str(there))["dir"]
+    assert os.path.dirname(got) == str(there)
 
 
 def test_a_second_process_loads_the_compiled_program(tmp_path):
     folder = str(tmp_path / "cache")
     first = _run(tmp_path, "set", folder)
     assert first["hits"] == 0
-    assert os.listdir(folder)  # the program was written
-    second = _run(tmp_path, "set", folder)
+    assert os.listdir(first["dir"])  # the program was written
+    printed: list[str] = []
+    second = _run(tmp_path, "set", folder, stderr=printed)
     assert second["hits"] >= 1  # ... and read back instead of compiled
+    # jaxlib 0.9-0.11 log two ~3,000-character lines per program loaded on AVX-512 CPUs
+    assert "cpu_aot_loader" not in printed[0]
+
+
+def test_each_cpu_keeps_its_programs_apart():
+    """JAX's cache key does not name the CPU's instruction sets: programs compiled for
+    AVX-512 must not be loaded on a machine without it (a shared home folder)."""
+    from equilens._cache import host_cpu_key
+
+    key = host_cpu_key()
+    assert key == host_cpu_key()
+    machine, _, digest = key.rpartition("-")
+    assert machine and len(digest) == 12 and int(digest, 16) >= 0
+
+
+def test_only_the_loaders_tuning_lines_are_left_out(capfd):
+    """While a cached program is read, standard error passes through unchanged except
+    jaxlib's lines about LLVM tuning preferences; a missing instruction set is still told."""
+    from equilens import _cache
+
+    head = "E1129 06:16:37.935840   14046 cpu_aot_loader.cc:195] Loading XLA:CPU AOT result. "
+    tuning = head + "Target machine feature +prefer-no-gather is not  supported on the host [a]\n"
+    fast = head + "Target machine feature +fast-gather is not  supported on the host [b]\n"
+    real = head + "Target machine feature +avx512f is not  supported on the host [c]\n"
+
+    def read(*args):
+        os.write(2, f"before\n{tuning}{fast}{real}".encode())
+        os.write(2, f"{tuning}after".encode())
+        return args
+
+    quiet = _cache._QuietLoads(read)
+    assert quiet(1, 2) == (1, 2)
+    os.write(2, b"\nlater\n")
+    err = capfd.readouterr().err
+    assert err == f"before\n{real}after\nlater\n"
 
 
 def test_bad_settings_are_refused(tmp_path):

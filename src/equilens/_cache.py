@@ -9,7 +9,8 @@ entry is never used. `import equilens` turns this cache on in the user's cache f
 
 - the user has configured JAX's cache themselves (`jax_compilation_cache_dir` set, by
   `jax.config.update` before the import or the `JAX_COMPILATION_CACHE_DIR` environment
-  variable): theirs is kept as it is;
+  variable): theirs is kept as it is (its folder and settings; its reads lose jaxlib's
+  tuning-preference lines, below);
 - the environment variable `EQUILENS_COMPILATION_CACHE` is `0` (or `off`, `false`, `no`):
   nothing is changed; any other value names the folder to use.
 
@@ -31,12 +32,35 @@ that check with `_BoundedEviction`: the folder's size is taken once per `RESCAN_
 per process (sizes only) and kept as a running total between, and the least recently used
 entries are evicted only when the total is over the bound (an entry without its
 access-time file counts as the oldest).
+
+JAX's cache key names the device kind ("cpu") but not the CPU's instruction-set
+extensions, and XLA:CPU compiles for the host's (AVX-512 where there is one): a program
+compiled on one machine and loaded on a machine without those extensions stops the process
+with an illegal instruction (SIGILL), after one log line. A cache folder in a home
+directory shared between the nodes of a cluster is such a case. `compilation_cache` keeps
+each CPU's programs in their own sub-folder (`host_cpu_key()`).
+
+jaxlib 0.9 to 0.11 log two lines to standard error for every program loaded from the
+cache on many x86 CPUs (`cpu_aot_loader.cc ... Target machine feature +prefer-no-gather is
+not supported on the host machine`, about 3,000 characters each: a warm `equilens demo`
+printed 236 of them): XLA compares LLVM's tuning preferences (`+prefer-...`, `+fast-...`),
+which are not instructions, with the host's instruction set (openxla/xla#44565; jaxlib
+0.12 skips them). The program loads and runs correctly. `compilation_cache` drops exactly
+those lines, and only while a cached program is read (`_QuietLoads`): every other line
+written to standard error meanwhile, including this check's lines for a real instruction
+set, is passed on.
 """
 
+import contextlib
+import hashlib
 import heapq
 import os
 import pathlib
+import platform
+import re
 import sys
+import tempfile
+import threading
 import time
 
 import jax
@@ -139,6 +163,86 @@ def _install_bounded_eviction() -> _BoundedEviction:
     return check
 
 
+#: One line of jaxlib's CPU loader about an LLVM tuning preference (module docstring).
+_TUNING_LINE = re.compile(
+    rb"^[EW]\d{4} [\d:.]+ +\d+ cpu_aot_loader\.cc:\d+\] Loading XLA:CPU AOT result\. "
+    rb"Target machine feature \+(?:prefer|fast)-[\w-]+ is not +supported[^\n]*(?:\n|$)",
+    re.MULTILINE,
+)
+
+
+@contextlib.contextmanager
+def _stderr_without(pattern: re.Pattern[bytes]):
+    """Standard error (the file descriptor, which C++ writes to) with the lines matching
+    `pattern` left out: it is held in a temporary file while the block runs, then the rest
+    is written on, in order."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (AttributeError, OSError, ValueError):  # no stderr (pythonw) or no fd 2
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            rest = memoryview(pattern.sub(b"", held.read()))
+            while rest:
+                rest = rest[os.write(2, rest) :]
+
+
+class _QuietLoads:
+    """JAX's read of one cached program (`compilation_cache.get_executable_and_time`)
+    without jaxlib's lines about LLVM tuning preferences (module docstring). One read at a
+    time per process: standard error is one file descriptor for all threads."""
+
+    def __init__(self, read):
+        self.read = read
+        self.lock = threading.Lock()
+
+    def __call__(self, *args, **kwargs):
+        with self.lock, _stderr_without(_TUNING_LINE):
+            return self.read(*args, **kwargs)
+
+
+def _install_quiet_loads() -> _QuietLoads:
+    from jax._src import compilation_cache as cc
+
+    current = cc.get_executable_and_time
+    if isinstance(current, _QuietLoads):
+        return current
+    quiet = _QuietLoads(current)
+    cc.get_executable_and_time = quiet  # jax._src.compiler reads it through the module
+    return quiet
+
+
+def host_cpu_key() -> str:
+    """A short name for this machine's CPU and its instruction-set extensions, e.g.
+    `x86_64-3f2a9c1e07b4`: the name of the sub-folder `compilation_cache` keeps this
+    CPU's compiled programs in (module docstring). Two machines get the same key when their
+    processor model and extensions are the same."""
+    text = ""
+    with contextlib.suppress(OSError):
+        text = pathlib.Path("/proc/cpuinfo").read_text(errors="replace")
+    # the first processor's model and extensions (Linux; "Features" on ARM)
+    wanted = ("vendor_id", "model name", "flags", "features", "cpu implementer", "cpu part")
+    seen: dict[str, str] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip().lower()
+        if name in wanted and name not in seen:
+            seen[name] = " ".join(sorted(value.split()))
+    described = repr(sorted(seen.items())) if seen else platform.processor()
+    digest = hashlib.sha256(described.encode()).hexdigest()[:12]
+    return f"{platform.machine() or 'cpu'}-{digest}"
+
+
 def default_cache_dir() -> pathlib.Path:
     """The folder `import equilens` keeps compiled programs in: `equilens/jax` under the
     user's cache folder (`$XDG_CACHE_HOME`, else `~/.cache` on Linux; `~/Library/Caches`
@@ -158,10 +262,11 @@ def compilation_cache(
     max_size: int = MAX_SIZE,
     min_compile_time: float = MIN_COMPILE_TIME,
 ) -> pathlib.Path | None:
-    """Keeps JAX's compiled programs in `path` (default `default_cache_dir()`), bounded to
-    `max_size` bytes, for programs that took at least `min_compile_time` seconds to
-    compile; `path=None` turns the persistent cache off for the rest of the process.
-    Returns the folder in use (None when off). This sets JAX's global configuration
+    """Keeps JAX's compiled programs in `path` (default `default_cache_dir()`), in a
+    sub-folder for this machine's CPU (`host_cpu_key()`), bounded to `max_size` bytes, for
+    programs that took at least `min_compile_time` seconds to compile; `path=None` turns
+    the persistent cache off for the rest of the process. Returns the folder in use (the
+    CPU's sub-folder; None when off). This sets JAX's global configuration
     (`jax_compilation_cache_dir` and its companions): it applies to every program the
     process compiles from then on, equilens's or not.
 
@@ -177,17 +282,33 @@ def compilation_cache(
         jax.config.update("jax_enable_compilation_cache", False)
         cc.reset_cache()
         return None
-    folder = default_cache_dir() if path == "default" else pathlib.Path(path)
+    base = default_cache_dir() if path == "default" else pathlib.Path(path)
+    folder = base / host_cpu_key()
     folder.mkdir(parents=True, exist_ok=True)
+    if path == "default":
+        _remove_flat_entries(base)
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_compilation_cache_max_size", int(max_size))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time))
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     _install_bounded_eviction()
+    _install_quiet_loads()
     # the cache is opened on first use: a folder changed later in the process is taken up
     cc.reset_cache()
     return folder
+
+
+def _remove_flat_entries(base: pathlib.Path) -> None:
+    """Removes the programs equilens before 2026-11-29 kept directly in the default folder
+    (one folder for every CPU), which no process reads any more."""
+    from jax._src.lru_cache import _ATIME_SUFFIX, _CACHE_SUFFIX
+
+    with os.scandir(base) as it:
+        for e in it:
+            if e.is_file() and e.name.endswith((_CACHE_SUFFIX, _ATIME_SUFFIX)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(e.path)
 
 
 def _configure_on_import() -> None:
@@ -197,7 +318,9 @@ def _configure_on_import() -> None:
     if choice.lower() in _OFF:
         return
     if jax.config.jax_compilation_cache_dir:  # pyright: ignore[reportAttributeAccessIssue]
-        return  # the user's own cache (JAX_COMPILATION_CACHE_DIR or jax.config)
+        # the user's own cache (JAX_COMPILATION_CACHE_DIR or jax.config), read quietly
+        _install_quiet_loads()
+        return
     try:
         compilation_cache(choice or "default")
     except OSError:
