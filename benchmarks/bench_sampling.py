@@ -11,6 +11,13 @@ run, on the same machine, float64.
 - Pixelized: a 60x60 lens at 0.08" (SIE + shear, 7 non-linear parameters) whose source
   is marginalised by `LogEvidence` (20x20 rectangular mesh, constant regularization
   held fixed): the chains sample the mass with the source solved at every step.
+- `--only command`: `equilens sample` with its defaults, as a user runs it (a subprocess;
+  the fit included), on issue 46's lens: 80x80 pixels at 0.05", a 1.9" mask (4,548
+  pixels), SIE + shear, Sersic lens light and source simulated (`issue_lens`); the CLI
+  fits an MGE lens light (17 parameters) and picks nested sampling on a CPU.
+- `--only lens-light`: NUTS on the same lens with a Sersic and with an MGE lens light
+  (the CLI's default: non-negative amplitudes solved inside every gradient), each from
+  its own `fit_lens`.
 
 Every sampler starts from the same fit (LM; BFGS for the evidence); the wall time
 includes warm-up (NUTS's window adaptation, emcee's burn-in, nautilus's exploration) and
@@ -24,6 +31,10 @@ sampling's prior: the fit +- 10 Laplace errors. The load average is printed; run
 
 import argparse
 import os
+import re
+import subprocess
+import sys
+import tempfile
 import time
 
 import jax
@@ -57,6 +68,71 @@ def pixelized_setup():
     )
     free = el.select(start, lambda s: s.mass)
     return data, el.Objective(el.LogEvidence(data)), start, free
+
+
+def issue_lens():
+    """Issue 46's lens: 80x80 pixels at 0.05", a 1.9" mask (4,548 pixels), a Gaussian
+    PSF of 0.1" FWHM; SIE + shear, a Sersic lens light and a Sersic source."""
+    truth = el.LensSystem(
+        mass=mass.SIE(theta_E=1.1, e1=0.1, e2=-0.05) + mass.ExternalShear(0.03, 0.01),
+        lens_light=light.Sersic(amp=8.0, R_sersic=0.6, n_sersic=3.5, e1=0.05, e2=0.02),
+        source=light.Sersic(
+            amp=4.0, R_sersic=0.15, n_sersic=1.3, e1=0.1, center_x=0.05, center_y=-0.03
+        ),
+    )
+    grid = el.Grid((80, 80), 0.05)
+    psf = el.GaussianPSF(fwhm=0.1, pixel_scale=0.05)
+    data = el.simulate(
+        jax.random.key(3), truth, grid, psf, exposure_time=1500.0, sky_level=0.5,
+        mask=grid.circular_mask(1.9),
+    )  # fmt: skip
+    return data, psf
+
+
+def run_command() -> None:
+    """`equilens sample` with its defaults on `issue_lens`, in a subprocess: the whole
+    command's wall time, the fit's stages and nested sampling's own line."""
+    from astropy.io import fits
+
+    data, psf = issue_lens()
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for name, arr in (("image", data.data), ("noise", data.noise_map), ("psf", psf.kernel())):
+            paths[name] = os.path.join(tmp, f"{name}.fits")
+            fits.PrimaryHDU(np.asarray(arr)).writeto(paths[name])
+        argv = [
+            paths["image"], "--noise-map", paths["noise"], "--psf", paths["psf"],
+            "--pixel-scale", "0.05", "--mask-radius", "1.9", "--json",
+            os.path.join(tmp, "out.json"),
+        ]  # fmt: skip
+        code = "import sys; from equilens.cli import main; sys.exit(main(sys.argv[1:]))"
+        t0 = time.perf_counter()
+        out = subprocess.run(
+            [sys.executable, "-c", code, "sample", *argv], capture_output=True, text=True
+        )
+        wall = time.perf_counter() - t0
+    print(f"equilens sample, defaults, issue 46's lens (80x80, 4,548 pixels): {wall:.1f} s")
+    for line in (out.stdout + out.stderr).splitlines():
+        if re.search(r"stage \d|nested: finished|^log Z|theta_E", line):
+            print("  " + line.strip())
+    if out.returncode != 0:
+        print(f"  exit status {out.returncode}:\n{out.stderr[-2000:]}")
+
+
+def run_lens_light(quick: bool) -> None:
+    """NUTS on `issue_lens` with a Sersic and with an MGE lens light (4 chains, one after
+    another or vmapped as `chain_method="auto"` picks), each from its own fit."""
+    from equilens.solve import fit_lens
+
+    data, _ = issue_lens()
+    row = Rows()
+    for lens_light in ("sersic", "mge"):
+        result = fit_lens(data, "sie+shear", lens_light, "sersic", log=None)
+        objective = el.Objective(el.GaussianLikelihood(data, nonnegative=True))
+        row(
+            f"NUTS, {lens_light} lens light",
+            run_nuts(objective, result, None, 4, *((50, 50) if quick else (200, 300))),
+        )
 
 
 def run_nuts(objective, result, free, chains, warmup, draws, depth=10):
@@ -202,7 +278,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["parametric", "pixelized", "throughput"],
+        choices=["parametric", "pixelized", "throughput", "command", "lens-light"],
         help="run one of the problems, or the likelihood throughput alone",
     )
     parser.add_argument(
@@ -252,6 +328,10 @@ def main() -> None:
                 f"nested, {processes} process(es)",
                 run_nested(objective, result, free, processes, 300 if q else 1000),
             )
+    if args.only in (None, "lens-light"):
+        run_lens_light(q)
+    if args.only in (None, "command"):
+        run_command()
     if args.only in (None, "throughput"):
         counts = [int(n) for n in args.processes.split(",")]
         threads = counts if args.threads is None else [int(n) for n in args.threads.split(",")]
