@@ -392,6 +392,40 @@ def test_linear_images_and_amplitudes_match_jax(nonnegative):
         assert np.any(amps < 0)
 
 
+def test_nonnegative_solve_kernel_is_the_jax_active_set():
+    """The compiled Lawson-Hanson solve of the Numba backend against JAX's (same
+    algorithm) and SciPy's `nnls`, on the Jacobi-scaled Gram matrices of nearly degenerate
+    multi-Gaussian bases with the constraint active, and on one that is not positive
+    definite (NaN, as JAX's Cholesky gives)."""
+    import scipy.optimize
+
+    from equilens.numba._solve_kernels import nnls, solve_on
+    from equilens.terms._imaging import _nnls
+
+    rng = np.random.default_rng(5)
+    r = np.linspace(0.0, 3.0, 400)
+    active = 0
+    for trial in range(12):
+        k = 6 + trial
+        widths = np.geomspace(0.02, 2.5, k) * rng.uniform(0.9, 1.1, k)
+        basis = np.exp(-0.5 * (r[None, :] / widths[:, None]) ** 2)
+        target = basis.T @ rng.normal(0.5, 1.0, k) + 0.01 * rng.normal(size=r.size)
+        g, h = basis @ basis.T, basis @ target
+        d = 1 / np.sqrt(np.diagonal(g))
+        g, h = g * d[:, None] * d[None, :], h * d
+        got = solve_on(g, h, nnls(g, h) > 0)
+        want = np.asarray(_nnls(jnp.asarray(g), jnp.asarray(h)))
+        np.testing.assert_array_equal(got > 0, want > 0)  # the same active set
+        _close(got, want, 100 * np.linalg.cond(g) * np.finfo(float).eps)
+        chol = np.linalg.cholesky(g)
+        ref, _ = scipy.optimize.nnls(chol.T, np.linalg.solve(chol, h), maxiter=10_000)
+        assert np.all(got >= 0) and np.max(np.abs(got - ref)) < 1e-6 * (1 + np.max(ref))
+        active += int(np.sum(got == 0))
+    assert active > 0  # the constraint mattered
+    singular = np.ones((3, 3))
+    assert np.all(np.isnan(solve_on(singular, np.ones(3), np.ones(3, dtype=bool))))
+
+
 def _terms(truth, imaging):
     from equilens.terms import (
         GaussianPrior,

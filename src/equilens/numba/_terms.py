@@ -119,35 +119,6 @@ def host_imaging(imaging: Imaging) -> _HostImaging:
     return per_object(_HOST, imaging, _HostImaging)
 
 
-def _nnls(g: np.ndarray, h: np.ndarray) -> np.ndarray:
-    """The Lawson-Hanson active-set solution of `min 0.5 x^T g x - h^T x, x >= 0` (the
-    algorithm, order and tolerances of `equilens.terms._imaging._nnls`)."""
-    k = h.shape[0]
-    tol = 10 * np.finfo(np.float64).eps * k * (1.0 + np.max(np.abs(h)))
-    max_iter = 3 * k
-    x = np.zeros(k)
-    on = np.zeros(k, dtype=bool)
-    it = 0
-    while it < max_iter and np.any(~on & (h - g @ x > tol)):
-        w = np.where(on, -np.inf, h - g @ x)
-        on[int(np.argmax(w))] = True
-        s = _solve_on(g, h, on)
-        while it < max_iter and np.any(on & (s <= 0)):
-            blocking = on & (s <= 0)
-            denom = np.where(blocking, x - s, 1.0)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = np.where(blocking & (denom > 0), x / denom, np.inf)
-            alpha = float(np.clip(np.min(ratio), 0.0, 1.0))
-            x = x + alpha * (s - x)
-            on = on & (x > tol)
-            x = np.where(on, x, 0.0)
-            s = _solve_on(g, h, on)
-            it += 1
-        x = s
-        it += 1
-    return x
-
-
 def _cholesky_solve(g: np.ndarray, h: np.ndarray) -> np.ndarray:
     """`g^-1 h` by Cholesky (NaN when `g` is not positive definite). The few-by-few
     systems of the linear light go through NumPy's LAPACK calls directly: SciPy's checks
@@ -157,12 +128,6 @@ def _cholesky_solve(g: np.ndarray, h: np.ndarray) -> np.ndarray:
     except np.linalg.LinAlgError:
         return np.full(h.shape, np.nan)
     return np.linalg.solve(low.T, np.linalg.solve(low, h))
-
-
-def _solve_on(g: np.ndarray, h: np.ndarray, on: np.ndarray) -> np.ndarray:
-    both = on[:, None] & on[None, :]
-    gp = np.where(both, g, np.eye(g.shape[0]))
-    return np.where(on, _cholesky_solve(gp, np.where(on, h, 0.0)), 0.0)
 
 
 def solve_amplitudes(
@@ -193,7 +158,13 @@ def _solve_amplitudes(
         scale = np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 0.0)
     g = g * scale[:, None] * scale[None, :]
     h = h * scale
-    x = _solve_on(g, h, _nnls(g, h) > 0) if nonnegative else _cholesky_solve(g, h)
+    if nonnegative:  # (compiled: as NumPy calls, its small solves cost ~2 ms a call)
+        from ._solve_kernels import nnls, solve_on
+
+        g, h = np.ascontiguousarray(g), np.ascontiguousarray(h)
+        x = solve_on(g, h, nnls(g, h) > 0)
+    else:
+        x = _cholesky_solve(g, h)
     amps = x * scale
     model = np.tensordot(amps, images, axes=1)
     if fixed is not None:
