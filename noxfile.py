@@ -63,7 +63,7 @@ def tests(session: nox.Session, precision: str) -> None:
     checks; float32 runs with x64 off. Installs the sampling extra (blackjax, nautilus,
     arviz) for the samplers' tests."""
     session.install("-e", ".[test,sampling]")
-    _pytest(session, "not slow and not sharding", str(session.python), precision, by_file=True)
+    _pytest(session, "not slow and not sharding", str(session.python), precision)
 
 
 @nox.session(python=["3.11", "3.12"])
@@ -100,19 +100,10 @@ def slow(session: nox.Session) -> None:
 
 
 def _pytest(
-    session: nox.Session,
-    marker: str,
-    python: str,
-    precision: str,
-    whole_fits: bool = False,
-    by_file: bool = False,
+    session: nox.Session, marker: str, python: str, precision: str, whole_fits: bool = False
 ) -> None:
     """pytest on the xdist workers: the tests selected by `marker`, in `precision`;
-    `whole_fits` for the slow tests (compiled as users compile, sharing a bounded cache).
-    `by_file`: each test file runs on one worker (`--dist loadfile`, files with the most
-    tests first), so a file's datasets and compiled programs are made once, not once per
-    worker: the fast float64 suite 573 -> 494 s on the 2-core machine (2026-11-29, cold
-    caches). Not for the slow and sharding sessions, whose files hold few long tests."""
+    `whole_fits` for the slow tests (compiled as users compile, sharing a bounded cache)."""
     env = {"EQUILENS_TEST_X64": "1" if precision == "float64" else "0"}
     # (the fast suite compiles at XLA's optimisation level 0: see tests/conftest.py)
     env["EQUILENS_TEST_FAST_COMPILE"] = "0" if whole_fits else "1"
@@ -134,7 +125,6 @@ def _pytest(
         marker,
         "--ignore=tests/test_crosscheck.py",
         "--ignore=tests/test_crosscheck_pyautolens.py",
-        *(["--dist", "loadfile"] if by_file else []),
         "-q",
         "--durations=15",
         *session.posargs,

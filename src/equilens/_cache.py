@@ -178,11 +178,17 @@ def _stderr_without(pattern: re.Pattern[bytes]):
     is written on, in order."""
     try:
         sys.stderr.flush()
-        saved = os.dup(2)
-    except (AttributeError, OSError, ValueError):  # no stderr (pythonw) or no fd 2
+        held = tempfile.TemporaryFile()
+    except (AttributeError, OSError, ValueError):  # no stderr (pythonw), no temporary file
         yield
         return
-    with tempfile.TemporaryFile() as held:
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2
+        held.close()
+        yield
+        return
+    with held:
         os.dup2(held.fileno(), 2)
         try:
             yield
