@@ -23,12 +23,13 @@ if os.environ.get("EQUILENS_TEST_FAST_COMPILE") == "1":
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-# Numba's on-disk cache is not safe for processes that compile the same functions at the
-# same time (numba/numba#10128: a cached wrapper can be paired with a kernel from another
-# compilation): each pytest-xdist worker keeps its own, set before Numba is imported.
+# One Numba cache for the pytest-xdist workers (and the sessions after them): equilens's
+# kernels compile one process at a time under a file lock (equilens/numba/_compile_lock.py,
+# numba/numba#10128), so a worker loads what the other compiled; set before Numba is
+# imported.
 if _WORKER and "NUMBA_CACHE_DIR" not in os.environ:
     os.environ["NUMBA_CACHE_DIR"] = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".numba-cache", _WORKER
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".numba-cache", "xdist"
     )
 
 X64 = os.environ.get("EQUILENS_TEST_X64", "1") != "0"

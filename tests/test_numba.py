@@ -787,3 +787,53 @@ def test_log_evidence_errors_are_those_of_jax():
 
         _evidence._MESHES.pop(MyMesh)
         _evidence._REGULARIZATIONS.pop(MyRegularization)
+
+
+_COMPILE_ONCE = """
+import pathlib, sys, time
+import numpy as np
+from equilens.numba import _solve_kernels as k
+folder = pathlib.Path(sys.argv[1])
+(folder / f"ready{sys.argv[2]}").touch()
+while not (folder / "go").exists():
+    time.sleep(0.002)
+x = k.nnls(np.eye(3), np.array([1.0, -1.0, 2.0]))
+assert np.allclose(x, [1.0, 0.0, 2.0])
+stats = k.nnls.stats
+print(sum(stats.cache_misses.values()), sum(stats.cache_hits.values()))
+"""
+
+
+@pytest.mark.precision_independent
+def test_processes_started_together_compile_a_kernel_once(tmp_path):
+    """Two processes that call one kernel at the same moment on an empty Numba cache: one
+    compiles it and the other loads what that one wrote (the kernel's compilation is held
+    under a file lock: without it both compile, and their cache files can mix, numba#10128)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _COMPILE_ONCE, str(tmp_path), str(i)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready{i}").exists() for i in range(2)):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [
+            p.communicate() for p in procs if p.poll() is not None
+        ]
+        time.sleep(0.01)
+    (tmp_path / "go").touch()
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    counts = sorted(tuple(int(v) for v in out.split()) for out, _ in outs)
+    # (misses, hits): one process compiled, the other loaded the cached kernel
+    assert counts == [(0, 1), (1, 0)], outs

@@ -8,6 +8,8 @@ from typing import no_type_check
 import numba
 import numpy as np
 
+from ._compile_lock import serialise_compilation
+
 _PARALLEL = {"cache": True, "nogil": True, "parallel": True, "error_model": "numpy"}
 
 
@@ -50,3 +52,6 @@ def convolve_same(image, kernel):
                 for j in range(lo, hi):
                     out[i, j] += w * image[r, j + shift]
     return out
+
+
+serialise_compilation(globals())

@@ -11,6 +11,7 @@ from typing import no_type_check
 import numba
 import numpy as np
 
+from ._compile_lock import serialise_compilation
 from ._mass_kernels import elliptical_radius_sq
 
 _OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
@@ -158,3 +159,6 @@ def rectilinear_weights(x, y, idx, w, xs, ys, uniform, extrapolate, slack):
         b, w0, w1, w2, w3 = _bilinear(xs, ys, x[i], y[i], uniform, extrapolate, rx, ry)
         idx[i, 0], idx[i, 1], idx[i, 2], idx[i, 3] = b, b + 1, b + nx, b + nx + 1
         w[i, 0], w[i, 1], w[i, 2], w[i, 3] = w0, w1, w2, w3
+
+
+serialise_compilation(globals())

@@ -24,6 +24,8 @@ from typing import no_type_check
 import numba
 import numpy as np
 
+from ._compile_lock import serialise_compilation
+
 _OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
 _PARALLEL = {"cache": True, "nogil": True, "parallel": True, "error_model": "numpy"}
 _EPS = float(np.finfo(np.float64).eps)
@@ -519,3 +521,6 @@ def multipole(x, y, out, m, a_m, phi_m, cx, cy, r_E, what):
                 out[0, i] = g * s1 * s1
                 out[1, i] = -g * s1 * c1
                 out[2, i] = g * c1 * c1
+
+
+serialise_compilation(globals())

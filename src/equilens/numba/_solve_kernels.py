@@ -11,6 +11,8 @@ from typing import no_type_check
 import numba
 import numpy as np
 
+from ._compile_lock import serialise_compilation
+
 _OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
 
 
@@ -119,3 +121,6 @@ def nnls(g, h):
         x = s
         it += 1
     return x
+
+
+serialise_compilation(globals())

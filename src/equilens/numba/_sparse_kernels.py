@@ -13,6 +13,8 @@ from typing import no_type_check
 import numba
 import numpy as np
 
+from ._compile_lock import serialise_compilation
+
 
 def _blas(name: str, n_args: int, module: str = "blas"):
     """A BLAS (or LAPACK) routine of SciPy's (Fortran calling convention: every argument a
@@ -1152,3 +1154,6 @@ def inverse_envelope(u, start, split=None, nb=None):
     nb = INVERSE_BLOCK if nb is None else nb
     bounds = envelope_bounds(start, split, nb, max_cost=None)
     return envelope_inverse(_TRSM, _SYMM, _GEMM, _TRTRI, _LAUUM, u, start, bounds)
+
+
+serialise_compilation(globals())
