@@ -30,6 +30,15 @@ ROOT = pathlib.Path(__file__).parent
 WORKERS = str(min(2, os.cpu_count() or 1))
 
 
+#: Python's bytecode cache written, as Python does by default, where the environment turns it
+#: off (PYTHONDONTWRITEBYTECODE; the CI machines set it): a session's pytest processes, its
+#: xdist workers and the subprocesses its tests start each import jax, equinox, NumPy,
+#: SciPy, Numba, matplotlib... and without cached bytecode each compiled those modules'
+#: sources again: 11.7-14.9 s per process against 4.5-4.7 s (the fast suite's imports, on
+#: the 2-core machine of 2026-11-29). uv installs without compiling bytecode.
+_BYTECODE = {"PYTHONDONTWRITEBYTECODE": ""}
+
+
 def _jax_cache(python: str, precision: str) -> dict[str, str]:
     """JAX's persistent compilation cache, shared by the processes of one Python and
     precision (pytest-xdist workers, the slow tests and the examples compile many of the
@@ -104,7 +113,7 @@ def _pytest(
 ) -> None:
     """pytest on the xdist workers: the tests selected by `marker`, in `precision`;
     `whole_fits` for the slow tests (compiled as users compile, sharing a bounded cache)."""
-    env = {"EQUILENS_TEST_X64": "1" if precision == "float64" else "0"}
+    env = {"EQUILENS_TEST_X64": "1" if precision == "float64" else "0"} | _BYTECODE
     # (the fast suite compiles at XLA's optimisation level 0: see tests/conftest.py)
     env["EQUILENS_TEST_FAST_COMPILE"] = "0" if whole_fits else "1"
     if not whole_fits:
