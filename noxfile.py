@@ -125,11 +125,17 @@ def _pytest(
         # ends (tests/conftest.py). Its own folder: these compile at XLA's default level.
         env["EQUILENS_COMPILATION_CACHE"] = str(ROOT / ".jax-cache" / f"py{python}-slow")
     # the lenstronomy and PyAutoLens comparisons run in the crosscheck sessions, which
-    # install them
+    # install them. `--dist worksteal`: each worker starts on half of the tests in file
+    # order and takes from the other's queue when its own runs out, so a file's tests mostly
+    # share one worker's compiled programs and eager operations (the float64 fast suite
+    # 549.8-550.8 -> 508.8 s, CPU 16.7 -> 15.5 min, clean clones, empty caches, 2026-11-29)
+    # while the end stays balanced (`loadfile` leaves the largest file as the tail).
     session.run(
         "pytest",
         "-n",
         WORKERS,
+        "--dist",
+        "worksteal",
         "-m",
         marker,
         "--ignore=tests/test_crosscheck.py",
