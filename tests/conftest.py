@@ -52,16 +52,24 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
+#: The fraction of Linux's memory-mapping limit past which a fast test frees XLA's programs.
+FREE_AT = 0.65
+
+
 @pytest.fixture(autouse=True)
 def _free_compiled_programs(request):
     """XLA's compiled programs freed after each slow test, and after any test that leaves
-    the process holding more than half the memory mappings it may. A compiled lens fit
+    the process holding more than `FREE_AT` of the memory mappings it may. A compiled lens fit
     holds 1,000-1,600 memory mappings, and a process may hold 65,530 (Linux's
     vm.max_map_count): an xdist worker of the slow session that kept every fit it compiled
     reached the limit and was aborted inside XLA's compiler (`LLVM ERROR: Unable to
     allocate section memory`, or a segmentation fault; the core showed 65,531 mappings),
     and so was the one worker of the fast suite run with `-n 1` (a segmentation fault in
-    XLA's compiler after ~550 tests)."""
+    XLA's compiler after ~550 tests). `FREE_AT` is below the 0.75 at which equilens warns
+    (`equilens._resources.MAP_WARNING_FRACTION`) and leaves room for ~14 compiled fits in
+    one test; at 0.5 both workers of the float64 fast suite (2026-11-29, about 32,800
+    mappings each) freed everything with 20-40 tests to go and compiled again what those
+    shared with earlier ones."""
     yield
     if "slow" in request.keywords:
         jax.clear_caches()
@@ -69,7 +77,7 @@ def _free_compiled_programs(request):
     from equilens._resources import memory_maps
 
     got = memory_maps()
-    if got is not None and got[0] > 0.5 * got[1]:
+    if got is not None and got[0] > FREE_AT * got[1]:
         jax.clear_caches()
 
 

@@ -103,7 +103,9 @@ def convolve(
     "direct" (a Numba kernel, rows in parallel) or "auto" (direct up to
     `DIRECT_MAX_PIXELS` kernel pixels)."""
     img = np.ascontiguousarray(image, np.float64)
-    k = np.ascontiguousarray(kernel, np.float64)
+    # (a writable copy: a read-only kernel, a JAX array's view, would compile the direct
+    # kernel a second time)
+    k = np.array(kernel, np.float64, order="C")
     if k.ndim != 2 or k.shape[0] % 2 == 0 or k.shape[1] % 2 == 0:
         raise ValueError(f"PSF kernel must be 2-d with odd side lengths, got shape {k.shape}")
     if method not in ("auto", "fft", "direct"):

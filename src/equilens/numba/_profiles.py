@@ -12,6 +12,7 @@ from ..source._geometry import EDGE_SLACK, _barycentric_weights, _locate_host
 from . import _light_kernels as lk, _mass_kernels as mk
 from ._api import (
     _ROWS,
+    _writable,
     batch_members,
     light_intensity,
     mass_rows,
@@ -25,6 +26,8 @@ from ._runtime import _LOCK
 
 
 def _run(kernel, x, y, rows: int, *params) -> np.ndarray:
+    # (writable points, whatever the caller traced them with: one compilation per kernel)
+    x, y = _writable(x), _writable(y)
     out = np.empty((rows, x.size))
     # Numba's default threading layer must not be entered from two threads at once
     with _LOCK:
