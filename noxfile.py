@@ -1,4 +1,4 @@
-"""nox sessions: lint, typecheck, tests (the fast suite, each Python, both precisions), slow
+"""nox sessions: lint, typecheck, tests (python x precision matrix, the fast suite), slow
 (whole fits and the examples), crosscheck, examples, docs, bench.
 
 `nox -s tests-3.11` runs the fast suite in float64 and float32 on Python 3.11 (jax <= 0.10.1);
@@ -65,23 +65,14 @@ def typecheck(session: nox.Session) -> None:
     session.run("pyright", "src")
 
 
-PRECISIONS = ("float64", "float32")
-
-
 @nox.session(python=PYTHONS)
-def tests(session: nox.Session) -> None:
+@nox.parametrize("precision", ["float64", "float32"])
+def tests(session: nox.Session, precision: str) -> None:
     """The fast suite (everything not marked `slow`) with jaxtyping + beartype runtime
-    checks, in float64 and then in float32 (x64 off), in one environment: `nox -s tests-3.12
-    -- float64` runs one precision (the other arguments after `--` go to pytest). Installs
-    the sampling extra (blackjax, nautilus, arviz) for the samplers' tests.
-
-    (One environment rather than one per precision: each new environment's processes
-    compile the bytecode of jax, SciPy, Numba... again, about 8 s of a 2-core machine.)"""
+    checks; float32 runs with x64 off. Installs the sampling extra (blackjax, nautilus,
+    arviz) for the samplers' tests."""
     session.install("-e", ".[test,sampling]")
-    chosen = [a for a in session.posargs if a in PRECISIONS] or list(PRECISIONS)
-    args = [a for a in session.posargs if a not in PRECISIONS]
-    for precision in chosen:
-        _pytest(session, "not slow and not sharding", str(session.python), precision, args)
+    _pytest(session, "not slow and not sharding", str(session.python), precision)
 
 
 @nox.session(python=["3.11", "3.12"])
@@ -93,7 +84,7 @@ def sharding(session: nox.Session) -> None:
     CPU LAPACK kernels deadlock on several devices: fit_batch's one-element-per-device
     route) and 3.12 (the newest jax: several elements per device)."""
     session.install("-e", ".[test,sampling]")
-    _pytest(session, "sharding", str(session.python), "float64", session.posargs)
+    _pytest(session, "sharding", str(session.python), "float64")
 
 
 @nox.session(python="3.11", name="slow-ci")
@@ -102,7 +93,7 @@ def slow_ci(session: nox.Session) -> None:
     README's main job) and the `equilens fit` command end to end. Every other slow test
     runs with `nox -s slow` (about 2 hours on the 2-core CI machine of 2026-11)."""
     session.install("-e", ".[test,crosscheck,sampling]")
-    _pytest(session, "slow and ci", "3.11", "float64", session.posargs, whole_fits=True)
+    _pytest(session, "slow and ci", "3.11", "float64", whole_fits=True)
 
 
 @nox.session(python="3.11")
@@ -114,20 +105,14 @@ def slow(session: nox.Session) -> None:
     end) and the sampling extra (the samplers' lens-sized tests, the nested-sampling and
     model-comparison examples)."""
     session.install("-e", ".[test,crosscheck,sampling]")
-    _pytest(session, "slow", "3.11", "float64", session.posargs, whole_fits=True)
+    _pytest(session, "slow", "3.11", "float64", whole_fits=True)
 
 
 def _pytest(
-    session: nox.Session,
-    marker: str,
-    python: str,
-    precision: str,
-    args: list[str],
-    whole_fits: bool = False,
+    session: nox.Session, marker: str, python: str, precision: str, whole_fits: bool = False
 ) -> None:
-    """pytest on the xdist workers: the tests selected by `marker`, in `precision`, with
-    pytest's further `args`; `whole_fits` for the slow tests (compiled as users compile,
-    sharing a bounded cache)."""
+    """pytest on the xdist workers: the tests selected by `marker`, in `precision`;
+    `whole_fits` for the slow tests (compiled as users compile, sharing a bounded cache)."""
     env = {"EQUILENS_TEST_X64": "1" if precision == "float64" else "0"} | _BYTECODE
     # (the fast suite compiles at XLA's optimisation level 0: see tests/conftest.py)
     env["EQUILENS_TEST_FAST_COMPILE"] = "0" if whole_fits else "1"
@@ -157,7 +142,7 @@ def _pytest(
         "--ignore=tests/test_crosscheck_pyautolens.py",
         "-q",
         "--durations=15",
-        *args,
+        *session.posargs,
         env=env,
     )
 

@@ -52,33 +52,63 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
-#: The fraction of Linux's memory-mapping limit past which a fast test frees XLA's programs.
-FREE_AT = 0.65
+# Python's cyclic garbage collector in the xdist workers: a worker of the fast suite holds
+# 1.5-1.9 million live objects by its end (JAX's tracing and compilation caches, equinox's
+# and jaxtyping's), and each full collection scans them all: 13-17 full collections took
+# 12.6 s and 19.5 s of the two workers' 284 and 273 s (test_pixelized, test_sample,
+# test_nested and test_fit, 2026-11-29). After each full collection (which has just freed
+# every unreachable cycle) the objects that survived it are frozen (`gc.freeze`), so the
+# next ones scan only what is new; unfrozen before the compiled programs are freed below.
+_FULL_COLLECTIONS = [0]
+
+
+def _count_full_collections(phase, info):
+    if phase == "stop" and info["generation"] == 2:
+        _FULL_COLLECTIONS[0] += 1
+
+
+if _WORKER:
+    import gc
+
+    gc.callbacks.append(_count_full_collections)
+
+
+def _freeze_survivors():
+    if _FULL_COLLECTIONS[0]:
+        _FULL_COLLECTIONS[0] = 0
+        import gc
+
+        gc.freeze()
+
+
+def _clear_caches():
+    import gc
+
+    gc.unfreeze()
+    jax.clear_caches()
 
 
 @pytest.fixture(autouse=True)
 def _free_compiled_programs(request):
     """XLA's compiled programs freed after each slow test, and after any test that leaves
-    the process holding more than `FREE_AT` of the memory mappings it may. A compiled lens fit
+    the process holding more than half the memory mappings it may. A compiled lens fit
     holds 1,000-1,600 memory mappings, and a process may hold 65,530 (Linux's
     vm.max_map_count): an xdist worker of the slow session that kept every fit it compiled
     reached the limit and was aborted inside XLA's compiler (`LLVM ERROR: Unable to
     allocate section memory`, or a segmentation fault; the core showed 65,531 mappings),
     and so was the one worker of the fast suite run with `-n 1` (a segmentation fault in
-    XLA's compiler after ~550 tests). `FREE_AT` is below the 0.75 at which equilens warns
-    (`equilens._resources.MAP_WARNING_FRACTION`) and leaves room for ~14 compiled fits in
-    one test; at 0.5 both workers of the float64 fast suite (2026-11-29, about 32,800
-    mappings each) freed everything with 20-40 tests to go and compiled again what those
-    shared with earlier ones."""
+    XLA's compiler after ~550 tests)."""
     yield
     if "slow" in request.keywords:
-        jax.clear_caches()
+        _clear_caches()
         return
     from equilens._resources import memory_maps
 
     got = memory_maps()
-    if got is not None and got[0] > FREE_AT * got[1]:
-        jax.clear_caches()
+    if got is not None and got[0] > 0.5 * got[1]:
+        _clear_caches()
+    elif _WORKER:
+        _freeze_survivors()
 
 
 @pytest.fixture
