@@ -1,3 +1,4 @@
+import gc
 import os
 
 # Several CPU devices for sharding tests; must be set before JAX initialises a backend.
@@ -68,22 +69,16 @@ def _count_full_collections(phase, info):
 
 
 if _WORKER:
-    import gc
-
     gc.callbacks.append(_count_full_collections)
 
 
 def _freeze_survivors():
     if _FULL_COLLECTIONS[0]:
         _FULL_COLLECTIONS[0] = 0
-        import gc
-
         gc.freeze()
 
 
 def _clear_caches():
-    import gc
-
     gc.unfreeze()
     jax.clear_caches()
 

@@ -37,7 +37,7 @@ from jaxtyping import Array, Float, Int, Scalar
 from .._callback import host_callback
 from ..source._geometry import SparseSymmetric
 from ..source._sparse import SparseTables, table_arrays
-from ._runtime import LAPACK_THREADS, _threads, blas_threads, host64, run_kernel
+from ._runtime import LAPACK_THREADS, _threads, blas_threads, host64, kernel_operands, run_kernel
 
 
 def _lapack_threads() -> int:
@@ -174,11 +174,11 @@ def _solve_bwd_host(u, scale, x, x_bar, l_bar):
     n = x.shape[0]
     if not np.all(np.isfinite(u)):
         return np.zeros((n, n), u.dtype), np.zeros(n, u.dtype)
-    from ._sparse_kernels import _readonly, inverse_cotangent
+    from ._sparse_kernels import inverse_cotangent
 
     scale, x, x_bar = (np.asarray(v, np.float64) for v in (scale, x, x_bar))
     b_bar, z = _inverse(np.array(u, dtype=np.float64), scale, x_bar)
-    z, scale, b_bar, x = _readonly(z, scale, b_bar, x)
+    z, scale, b_bar, x = kernel_operands(z, scale, b_bar, x)
     a_bar = inverse_cotangent(z, scale, b_bar, x, float(l_bar), 0, n)
     return a_bar.astype(u.dtype, copy=False), b_bar.astype(u.dtype, copy=False)
 
@@ -252,18 +252,18 @@ def _system_solved(
     e, first, nonzero, blocks = run_kernel(
         "forward_into", a, 0, n_s, idx, w, values, inv_sigma, *tables, keep=keep
     )
-    from ._sparse_kernels import _readonly, add_entries, add_upper
+    from ._sparse_kernels import add_entries, add_upper
 
     # the factor's envelope: the non-zeros of F (from its tile blocks) + reg (the entries
     # of a sparse reg, whatever their values; a dense reg's are scanned), the linear rows
     # dense
     start = np.concatenate([nonzero, np.zeros(o, np.int64)])
     if reg.ndim == 2:
-        (reg,) = _readonly(reg)
+        (reg,) = kernel_operands(reg)
         add_upper(a, 0, reg, start)
     else:
         _check_pattern(rows, cols, n_s)
-        rows, cols, reg = _readonly(rows, cols, reg)
+        rows, cols, reg = kernel_operands(rows, cols, reg)
         add_entries(a, start, rows, cols, reg)
     a[:n_s, n_s:] = e[:, 1:]
     a[n_s:, n_s:] = gram
@@ -395,7 +395,7 @@ def _system_bwd_host(token, x_bar, l_bar, m_bar, *args, o, need, selected, spars
         reg_shape = rows.shape if sparse_reg else (n_s, n_s)
         shapes = {"w": w.shape, "values": values.shape, "reg": reg_shape, "gram": (o, o)}
         return tuple(np.zeros(shapes.get(name, (o,)), dtype) for name in need)  # rhs: (o,)
-    from ._sparse_kernels import _readonly, entries_cotangent, inverse_cotangent
+    from ._sparse_kernels import entries_cotangent, inverse_cotangent
 
     x_bar = _rotate(np.asarray(x_bar, np.float64), o)
     l_bar = float(l_bar)
@@ -434,10 +434,10 @@ def _system_bwd_host(token, x_bar, l_bar, m_bar, *args, o, need, selected, spars
             *host[4:],
         )
         out["values"][:, 0] += 2.0 * m_bar * host[2][:, 0]
-    z, scale, y, x = _readonly(z, scale, y, x)
+    z, scale, y, x = kernel_operands(z, scale, y, x)
     if "reg" in need:
         if sparse_reg:
-            rows, cols = _readonly(*host64(rows, cols))
+            rows, cols = kernel_operands(*host64(rows, cols))
             out["reg"] = entries_cotangent(z, scale, y, x, l_bar, rows, cols)
         else:
             out["reg"] = inverse_cotangent(z, scale, y, x, l_bar, 0, n_s)

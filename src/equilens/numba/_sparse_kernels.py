@@ -14,6 +14,7 @@ import numba
 import numpy as np
 
 from ._compile_lock import serialise_compilation
+from ._runtime import kernel_operands
 
 
 def _blas(name: str, n_args: int, module: str = "blas"):
@@ -218,26 +219,6 @@ ENVELOPE_MAX_COST = 0.5
 ACCUMULATOR_BYTES = 128 * 2**20
 
 
-def _readonly(*arrays):
-    """Read-only, C-contiguous input operands (views; a copy only of an operand that is not
-    C-contiguous). Numba compiles a kernel once per combination of its arguments' types,
-    read-only flags and layouts included: a JAX buffer's view is read-only, a NumPy array (a
-    converted operand, a test's input) is not, and a column slice is not contiguous (the
-    forward kernel was compiled twice in the fast suite, 12.6 s each, for the layout of its
-    `values` alone). Passing every input read-only and C-contiguous keeps one compilation of
-    each parallel kernel (tens of seconds each)."""
-    out = []
-    for a in arrays:
-        if isinstance(a, np.ndarray):
-            if not a.flags.c_contiguous:
-                a = np.ascontiguousarray(a)
-            if a.flags.writeable:
-                a = a.view()
-                a.flags.writeable = False
-        out.append(a)
-    return out
-
-
 @functools.lru_cache(maxsize=1)
 def _accumulators(n: int, n_s: int) -> np.ndarray:
     return np.empty((n, n_s, n_s))
@@ -264,7 +245,7 @@ def forward_into(n_threads, out, o, n_s, *arrays, keep=False):
     n_tiles = arrays[4].shape[0]
     n_chunks = max(1, min(n_threads, n_tiles, 1 + ACCUMULATOR_BYTES // (8 * n_s * n_s)))
     parts = _accumulators(n_chunks - 1, n_s)
-    arrays = _readonly(*arrays)
+    arrays = kernel_operands(*arrays)
     e, first, nonzero, *blocks = _forward(n_chunks, _SYRK, parts, out, o, n_s, keep, *arrays)
     return e, first, nonzero, tuple(blocks)
 
@@ -453,7 +434,7 @@ def backward(n_threads, idx, w, values, inv_sigma, f_bar, e_bar, *tables):
 def backward_inverse(n_threads, *args):
     """The cotangents of `w` and `V` from the inverse of a system that holds `F` (see
     `_backward_inverse`, which writes none of its operands: all are passed read-only)."""
-    return _backward_inverse(n_threads, _SYMM, *_readonly(*args))
+    return _backward_inverse(n_threads, _SYMM, *kernel_operands(*args))
 
 
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath=_REASSOC)
