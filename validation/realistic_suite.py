@@ -475,10 +475,12 @@ def fit_one(lens: dict, paths: dict[str, str], folder: str, source: str) -> dict
     with open(out) as f:
         result = json.load(f)
     fitted = result["components"][0]["parameters"]["theta_E"]["value"]
+    arcs = result.get("arc_residuals")
     row |= {
         "theta_E_fit": fitted,
         "error": (fitted - true) / true,
         "reduced_chi2": result["reduced_chi2"],
+        "arc_excess": None if arcs is None else arcs["excess"],
         "status": result["status"],
     }
     stage = result.get("parametric_stage")
@@ -493,13 +495,20 @@ def table(rows: list[dict], source: str) -> str:
     both = source == "pixelized"
     head = "| lens | part | instrument | arcs | theta_E true | "
     head += "parametric | error | pixelized | error |" if both else "fitted | error |"
-    lines = [head + " status | exit | wall time |", "| --- " * (10 + 2 * both) + "|"]
+    head += " reduced chi2 | arcs' residual excess | status | exit | wall time |"
+    lines = [head, "| --- " * (12 + 2 * both) + "|"]
 
     def pct(v):
         return "-" if v is None else f"{100 * v:+.2f}%"
 
     def val(v):
         return "-" if v is None else f"{v:.4f}"
+
+    def num(v):
+        return "-" if v is None else f"{v:.2f}"
+
+    def short(status):  # the status's first words: "successful", "implausible", ...
+        return status.split(":")[0].split(".")[0][:40]
 
     for r in sorted(rows, key=lambda r: r["lens"]):
         cols = (
@@ -510,7 +519,8 @@ def table(rows: list[dict], source: str) -> str:
         lines.append(
             f"| {r['lens']} | {r['part']} | {r['instrument']} | "
             f"{'faint' if r['faint_arcs'] else 'bright'} | {r['theta_E_true']:.4f} | {cols}"
-            f"{val(r['theta_E_fit'])} | {pct(r['error'])} | {r['status']} | {r['exit']} | "
+            f"{val(r['theta_E_fit'])} | {pct(r['error'])} | {num(r.get('reduced_chi2'))} | "
+            f"{num(r.get('arc_excess'))} | {short(r['status'])} | {r['exit']} | "
             f"{r['wall_s']:.0f} s |"
         )
     for part in ("dev", "held-out"):

@@ -39,6 +39,11 @@ from ._pipeline import (
     threshold_term as threshold_term,
 )
 from ._plausible import implausible_notes as implausible_notes
+from ._residuals import (
+    ArcResiduals as ArcResiduals,
+    arc_residuals as arc_residuals,
+    lens_arc_residuals as lens_arc_residuals,
+)
 from ._result import RESULTS as RESULTS, FitResult as FitResult
 from ._sample import (
     Posterior as Posterior,

@@ -253,6 +253,7 @@ def result_to_dict(result: FitResult, band_names: Sequence[str] | None = None) -
         "status": result.message(),
         "success": result.success,
         "notes": list(result.notes),
+        "arc_residuals": None if result.arc_residuals is None else result.arc_residuals.to_dict(),
         "wall_time_s": float(result.wall_time),
     }
 

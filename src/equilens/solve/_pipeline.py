@@ -34,6 +34,7 @@ from ..terms import (
 )
 from ._fit import SolverLike, fit, with_conditional_covariance, with_smoothed_covariance
 from ._plausible import SIZE_FIELDS, has_field
+from ._residuals import with_arc_check
 from ._result import FitResult
 from ._search import _source_at, arc_placement, first_mass, lens_search_space, search
 from ._start import light_moments, start_model
@@ -205,6 +206,7 @@ def fit_lens(
         throw=False,
         progress=progress,
     )
+    r, _ = with_arc_check(imaging, r, say)
     say(
         f"  stage 3 (all free): reduced chi2 {float(r.reduced_chi2):.3f}, {r.message()} "
         f"({float(r.wall_time):.1f} s)"
@@ -540,6 +542,7 @@ def fit_pixelized(
         if gain < 1.0:
             break
     inversion = eqx.filter_jit(lambda t, m: t.invert(m, errors=True))(term, r.model)
+    r, _ = with_arc_check(imaging, r, say, term.complete(r.model))
     return dataclasses.replace(r, wall_time=time.perf_counter() - t0), inversion, stages
 
 

@@ -1,12 +1,15 @@
 """Fit results and their status codes."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 from jaxtyping import Array, Float, Int, PyTree
+
+if TYPE_CHECKING:
+    from ._residuals import ArcResiduals
 
 
 class RESULTS(optx.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
@@ -52,6 +55,9 @@ class FitResult(eqx.Module):
       status is then `RESULTS.implausible`), or how the errors were obtained when not from
       the Hessian over every fitted parameter (`equilens.solve.with_conditional_covariance`);
       empty otherwise.
+    - `arc_residuals`: for the lens pipelines' results (`fit_lens`, `fit_pixelized`), the
+      residuals in the arcs' annulus against elsewhere (`equilens.solve.ArcResiduals`);
+      None otherwise.
 
     Batched fits (`fit_batch`, `multi_start`) give the array fields a leading batch axis;
     `equilens.solve.pick(result, i)` takes one element.
@@ -70,6 +76,7 @@ class FitResult(eqx.Module):
     solver: str = eqx.field(static=True)
     wall_time: Float[Array, "*batch"] = eqx.field(converter=jnp.asarray, default=float("nan"))
     notes: tuple[str, ...] = eqx.field(static=True, default=())
+    arc_residuals: "ArcResiduals | None" = eqx.field(static=True, default=None)
 
     @property
     def n_free(self) -> int:
