@@ -95,3 +95,21 @@ def test_inputs_are_checked_and_a_supersampled_psf_is_binned(data):
     assert k.shape == (9, 9) and k.sum() == pytest.approx(1.0)
     # (both integrate the Gaussian over the data's pixels: the same kernel, cut to 9x9)
     np.testing.assert_allclose(k, coarse[1:-1, 1:-1] / coarse[1:-1, 1:-1].sum(), atol=1e-6)
+
+
+def test_band_checks_name_the_band_that_leaves_arcs(data):
+    from equilens.solve._residuals import with_band_arc_checks
+
+    objective = el.Objective([el.GaussianLikelihood(data)])
+    free = select(TRUTH, lambda s: s.lens_light.R_sersic)
+    result = el.solve.fit(objective, TRUTH, "lm", free=free, max_steps=50, throw=False)
+    assert result.success, result.message()
+    both = el.MultiBandImaging([data, data], names=["g", "r"])
+    off = light.Sersic(amp=1.0, R_sersic=0.12, n_sersic=1.2, center_x=0.3, center_y=0.2)
+    missing = dataclasses.replace(TRUTH, source=off)
+    checked = with_band_arc_checks(both, result, [TRUTH, missing])
+    assert not checked.success and len(checked.notes) == 1
+    assert checked.notes[0].startswith("band r: arcs left in the residuals")
+    assert checked.arc_residuals == lens_arc_residuals(data, missing)  # the worst band
+    kept = with_band_arc_checks(both, result, [TRUTH, TRUTH])
+    assert kept.success and not kept.notes and not kept.arc_residuals.left

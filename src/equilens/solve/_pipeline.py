@@ -34,7 +34,7 @@ from ..terms import (
 )
 from ._fit import SolverLike, fit, with_conditional_covariance, with_smoothed_covariance
 from ._plausible import SIZE_FIELDS, has_field
-from ._residuals import with_arc_check
+from ._residuals import with_arc_check, with_band_arc_checks
 from ._result import FitResult
 from ._search import _source_at, arc_placement, first_mass, lens_search_space, search
 from ._start import light_moments, start_model
@@ -292,6 +292,7 @@ def fit_multiband(
         throw=False,
         progress=progress,
     )
+    r = with_band_arc_checks(data, r, r.model.bands(), say)
     say(
         f"  joint fit of {len(data)} bands: reduced chi2 {float(r.reduced_chi2):.3f}, {r.message()}"
     )
@@ -650,4 +651,5 @@ def fit_multiband_pixelized(
     r = _evidence_fit(objective, start, free, solver, max_steps, progress)
     record("stage 2 (mass)", r)
     inversions = eqx.filter_jit(lambda t, m: t.invert(m, errors=True))(term, r.model)
+    r = with_band_arc_checks(data, r, term.complete(r.model).bands(), say)
     return dataclasses.replace(r, wall_time=time.perf_counter() - t0), inversions, stages

@@ -1,14 +1,14 @@
 """Residuals left where the arcs are: whether a fitted lens model has modelled the lensed light."""
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from jaxtyping import Float
 from scipy.signal import fftconvolve
 
 from .._lens_system import LensSystem
-from ..data import Imaging
+from ..data import Imaging, MultiBandImaging
 from ._plausible import with_plausibility
 from ._result import FitResult
 
@@ -162,3 +162,29 @@ def with_arc_check(
     if check.left:
         result = with_plausibility(result, (*result.notes, check.note()))
     return result, check
+
+
+def with_band_arc_checks(
+    data: MultiBandImaging,
+    result: FitResult,
+    systems: Sequence[LensSystem],
+    log: Callable[[str], None] | None = None,
+) -> FitResult:
+    """`with_arc_check` for a joint multi-band fit: each band's `lens_arc_residuals` of
+    its `systems[i]` (the band's completed `LensSystem`); a band that leaves arcs adds its
+    note (naming the band), and `result.arc_residuals` is the band with the largest
+    excess."""
+    checks = [lens_arc_residuals(b, s) for b, s in zip(data.bands, systems, strict=True)]
+    notes = list(result.notes)
+    for name, check in zip(data.names, checks, strict=True):
+        if log is not None:
+            log(
+                f"  band {name} residuals: matched-filter chi2 per pixel {check.arcs:.2f} over "
+                f"the arcs ({check.n_arcs} pixels), noise level {check.elsewhere:.2f} elsewhere"
+                + (" (arcs left)" if check.left else "")
+            )
+        if check.left:
+            notes.append(f"band {name}: {check.note()}")
+    worst = max(checks, key=lambda c: c.excess)
+    result = dataclasses.replace(result, arc_residuals=worst)
+    return with_plausibility(result, tuple(notes)) if len(notes) > len(result.notes) else result
