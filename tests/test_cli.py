@@ -115,6 +115,9 @@ def test_fit_command_writes_json_and_png(fits_files, tmp_path):
     for key in ("chi2", "reduced_chi2", "wall_time_s"):
         assert key in result
     assert 0.8 < result["reduced_chi2"] < 1.3
+    # the model's own family: no arcs left in the residuals (noise alone gives about 1)
+    arcs = result["arc_residuals"]
+    assert arcs["n_arcs"] > 50 and arcs["excess"] < 2.0, arcs
     assert (tmp_path / "fit.png").exists()
 
 
@@ -163,6 +166,9 @@ def test_pixelized_fit_writes_evidence_and_source_fits(fits_files, tmp_path):
     assert main([*argv, "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert np.isfinite(result["log_evidence"])
+    # both stages checked for arcs left in their residuals
+    for arcs in (result["arc_residuals"], result["parametric_stage"]["arc_residuals"]):
+        assert arcs["n_arcs"] > 50 and arcs["excess"] < 2.0, arcs
     # the chain held the images of the parametric source's centre together: every stage
     # stayed inside the threshold
     assert len(result["positions"]) >= 2

@@ -306,10 +306,9 @@ def run_fit(
     png = base + ".png"
     out = {"json": json_path, "png": png}
     if pix_mesh is not None and pix_reg is not None:
+        summary = result_to_dict(result)
         extra["parametric_stage"] = {
-            "reduced_chi2": float(result.reduced_chi2),
-            "status": result.message(),
-            "components": result_to_dict(result)["components"],
+            k: summary[k] for k in ("reduced_chi2", "status", "arc_residuals", "components")
         }
         print(f"  pixelized source: {mesh} mesh, {regularization} regularization")
         result, inversion, stages, held = _pixelized_stage(
@@ -431,9 +430,11 @@ def run_fit_multiband(
     extra: dict = {}
     inversions = None
     if pix_mesh is not None and pix_reg is not None:
+        arcs = result.arc_residuals
         extra["parametric_stage"] = {
             "reduced_chi2": float(result.reduced_chi2),
             "status": result.message(),
+            "arc_residuals": None if arcs is None else arcs.to_dict(),
         }
         print(f"  pixelized source in every band: {mesh} mesh, {regularization} regularization")
         held = positions
