@@ -55,6 +55,7 @@ import json
 import math
 import os
 import pathlib
+import subprocess
 import sys
 import time
 
@@ -439,9 +440,10 @@ def write_lens(lens: dict, sim: dict, folder: str) -> dict[str, str]:
 
 
 def fit_one(lens: dict, paths: dict[str, str], folder: str, source: str) -> dict:
-    """Fits lens `lens` with `equilens fit` and its defaults; the row of the table."""
-    from equilens.cli import main
-
+    """Fits lens `lens` with `equilens fit` and its defaults, in a process of its own (as a
+    user runs the command; one process fitting tens of lenses of different shapes would
+    hold their compiled programs until Linux's limit of memory mappings stops it); the
+    row of the table."""
     spec = INSTRUMENTS[lens["instrument"]]
     out = os.path.join(folder, f"lens{lens['index']:02d}_{source}.json")
     argv = [
@@ -463,7 +465,8 @@ def fit_one(lens: dict, paths: dict[str, str], folder: str, source: str) -> dict
     if source == "pixelized":
         argv += ["--source", "pixelized"]
     t0 = time.perf_counter()
-    code = main(argv)
+    command = "import sys; from equilens.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = subprocess.run([sys.executable, "-c", command, *argv], check=False).returncode
     wall = time.perf_counter() - t0
     true = lens["mass"][0]["theta_E"]
     row = {
