@@ -63,8 +63,9 @@ class ArcResiduals:
             f"arcs left in the residuals: their matched-filter chi2 per pixel over the "
             f"{self.n_arcs} pixels of the arcs is {self.arcs:.1f}, {self.excess:.1f} times "
             f"the noise level elsewhere ({self.elsewhere:.2f}; at most {ARC_RESIDUAL_LIMIT:g}): "
-            "the model misses lensed light (a parametric source too simple for it: a pixelized "
-            "source can describe it; or a wrong mass)"
+            "the model misses lensed light (a source model too simple for it: a parametric "
+            "profile on a real galaxy, where a pixelized source can describe it; a lens light "
+            "that took part of it; or a wrong mass)"
         )
 
     def to_dict(self) -> dict[str, float | int]:
