@@ -19,7 +19,7 @@ it can be, without its model families:
   lenstronomy; the fit's default is an SIE with shear);
 - **three instruments**: HST ACS (0.05" pixels, the Jackpot's F814W PSF), JWST NIRCam
   (0.04", an obscured Airy pattern at 2 um) and Euclid VIS (0.1", the VIS PSF of the Q1
-  lens in ../shared/data);
+  lens in ../shared/data, copied to validation/data);
 - **two regimes**: bright arcs (peak arc S/N 20-60, the lens galaxy's peak 3-10x the arcs'
   peak) and faint arcs (S/N 5-10, the lens's peak 20-100x the arcs'): the lens's peak S/N
   per pixel is then 60-1000, as in real data (the Jackpot's lens peaks at S/N 103, the
@@ -46,8 +46,9 @@ columns.
     python validation/realistic_suite.py --output realistic_out [--part dev|held-out|all]
         [--lenses 0,1,2] [--source sersic|pixelized] [--make-only]
 
-Needs lenstronomy and scikit-image (the `validation` extra) and, for the Euclid lenses,
-../shared/data (the VIS PSF; not shipped with the package).
+Needs lenstronomy and scikit-image (the `crosscheck` extra); the Euclid lenses' PSF is the
+VIS PSF of the Euclid Q1 lens in ../shared/data, copied to validation/data (not part of the
+package).
 """
 
 import argparse
@@ -63,9 +64,8 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HST_PSF = ROOT / "src" / "equilens" / "_data" / "SDSSJ0946+1006" / "psf.fits"
-EUCLID_CUTOUT = (
-    ROOT.parent / "shared" / "data" / "EuclidQ1-102018665_NEG576731213511114485" / "cutout.fits"
-)
+#: the Euclid Q1 lens's VIS PSF (validation/data/README.md)
+EUCLID_PSF = ROOT / "validation" / "data" / "euclid_vis_psf.fits"
 
 N_LENSES = 30
 DEV = tuple(range(10))
@@ -178,11 +178,7 @@ def instrument_psf(name: str) -> np.ndarray:
     elif name == "jwst":
         psf = airy_psf(INSTRUMENTS["jwst"]["pixel_scale"])
     else:
-        if not EUCLID_CUTOUT.exists():
-            raise FileNotFoundError(
-                f"the Euclid lenses need the VIS PSF of {EUCLID_CUTOUT} (../shared/data)"
-            )
-        psf = fits.getdata(EUCLID_CUTOUT, "VIS_PSF").astype(float)
+        psf = fits.getdata(EUCLID_PSF).astype(float)
     return psf / psf.sum()
 
 

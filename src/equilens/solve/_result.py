@@ -55,9 +55,9 @@ class FitResult(eqx.Module):
       status is then `RESULTS.implausible`), or how the errors were obtained when not from
       the Hessian over every fitted parameter (`equilens.solve.with_conditional_covariance`);
       empty otherwise.
-    - `arc_residuals`: for the lens pipelines' results (`fit_lens`, `fit_pixelized`), the
-      residuals in the arcs' annulus against elsewhere (`equilens.solve.ArcResiduals`);
-      None otherwise.
+    - `arc_residuals`: for the lens pipelines' results (`fit_lens`, `fit_pixelized`, and
+      the multi-band ones: the worst band), the residuals over the arcs against the noise
+      level elsewhere (`equilens.solve.ArcResiduals`); None otherwise.
 
     Batched fits (`fit_batch`, `multi_start`) give the array fields a leading batch axis;
     `equilens.solve.pick(result, i)` takes one element.
