@@ -123,3 +123,17 @@ def test_simulated_arcs_lie_on_the_einstein_ring_with_the_drawn_regime(suite, st
         pull = (image - arcs - sim["galaxy"]) / noise
         if lens["companion"] is None:
             assert 0.9 < pull.std() < 1.1
+
+
+@pytest.mark.slow
+@pytest.mark.x64_only
+def test_a_development_lens_is_recovered_by_the_command(suite, stamps, tmp_path):
+    """One development lens of the realistic suite (HST, faint arcs of a real galaxy under
+    a twisted, boxy lens light), fitted by `equilens fit` with its defaults as the suite
+    fits it: theta_E within 1% (it gets -0.54%), successful, no arcs left."""
+    lens = suite.draw_lens(3, len(stamps))
+    paths = suite.write_lens(lens, suite.simulate(lens, stamps), str(tmp_path))
+    row = suite.fit_one(lens, paths, str(tmp_path), "sersic")
+    assert row["exit"] == 0 and row["status"] == "successful", row
+    assert abs(row["error"]) < 0.01, row
+    assert row["arc_excess"] < 2.0 and 0.9 < row["reduced_chi2"] < 1.3, row
