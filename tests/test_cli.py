@@ -541,7 +541,8 @@ def test_sample_command_nested_pixelized_writes_the_evidence(fits_files, tmp_pat
     # parametric objective is the NUTS test's; the two tests cover both branches of each)
     paths = fits_files | {"image": fits_files["dark"], "noise": fits_files["dark_noise"]}
     argv = _sample_args(paths, "--lens-light", "none", "--sampler", "nested", "--live", "200")
-    argv += ["--source", "pixelized", "--samples", "500", "--prior-width", "5"]
+    argv += ["--source", "pixelized", "--mesh", "rectangular", "--samples", "500"]
+    argv += ["--prior-width", "5"]
     code = main([*argv, "--json", str(out)])
     result = json.loads(out.read_text())
     post = result["posterior"]

@@ -1005,6 +1005,90 @@ def test_evidence_fit_recovers_the_mass_and_fills_in_the_source():
     assert rel_err(np.asarray(image)[mask], np.asarray(inversion.model_image)[mask]) < 1e-6
 
 
+def _light_dataset():
+    truth = el.LensSystem(
+        mass=mass.SIE(theta_E=1.0, e1=0.08, e2=-0.03) + mass.ExternalShear(0.02, 0.01),
+        lens_light=light.Sersic(amp=4.0, R_sersic=0.6, n_sersic=3.0, e1=0.05),
+        source=light.Sersic(amp=15.0, R_sersic=0.15, n_sersic=1.0, e1=0.2, center_x=0.03),
+    )
+    grid = el.Grid((56, 56), pixel_scale=PS)
+    psf = el.GaussianPSF(fwhm=0.1, pixel_scale=PS, truncation=3.0)
+    imaging = el.simulate(
+        jax.random.key(1),
+        truth,
+        grid,
+        psf,
+        exposure_time=2000.0,
+        sky_level=1.0,
+        mask=grid.circular_mask(1.4),
+    )
+    # the lens light as a fit beside a poor source leaves it: too faint, too round, too small
+    wrong = light.Sersic(amp=3.0, R_sersic=0.45, n_sersic=3.0, e1=-0.05)
+    start = el.LensSystem(
+        mass=truth.mass,
+        lens_light=light.FixedLight(wrong),
+        source=el.PixelizedSource(
+            el.AdaptiveRectangularMesh((14, 14)), el.ConstantRegularization(1.0)
+        ),
+    )
+    return truth, imaging, start
+
+
+def _light_error(imaging, system, truth):
+    # the lens light's image against the truth's, relative, over the mask
+    mask = np.asarray(imaging.mask)
+
+    def image(profile):
+        dark = light.FixedLight(light.Gaussian(amp=0.0, sigma=PS))
+        lens = el.LensSystem(truth.mass, dark, profile)
+        return np.asarray(lens.image(imaging.grid, imaging.convolution))[mask]
+
+    want = image(truth.lens_light)
+    return np.linalg.norm(image(system.lens_light.profile) - want) / np.linalg.norm(want)
+
+
+def test_lens_light_refitted_beside_the_pixelized_source_moves_to_the_truth():
+    truth, imaging, start = _light_dataset()
+    term = el.LogEvidence(imaging)
+    value = eqx.filter_jit(lambda t, m: t(m))
+    refitted = el.solve.refit_lens_light(imaging, start, term)
+    assert isinstance(refitted.lens_light, light.FixedLight)  # held again
+    assert eqx.tree_equal(refitted.mass, start.mass)  # held
+    assert eqx.tree_equal(refitted.source, start.source)
+    # the source the start's evidence solves has taken part of the missing lens light, so
+    # one round goes part of the way (the chain repeats it while the evidence rises)
+    before = _light_error(imaging, start, truth)
+    after = _light_error(imaging, refitted, truth)
+    assert before > 0.4 and after < 0.6 * before
+    assert float(value(term, refitted)) < float(value(term, start)) - 100  # evidence up
+    again = el.solve.refit_lens_light(imaging, refitted, term)
+    assert _light_error(imaging, again, truth) < after
+    with pytest.raises(TypeError, match="FixedLight"):
+        wrong = eqx.tree_at(lambda s: s.lens_light, start, truth.lens_light)
+        el.solve.refit_lens_light(imaging, wrong, term)
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_pixelized_chain_keeps_a_lens_light_round_only_when_the_evidence_rises():
+    truth, imaging, start = _light_dataset()
+    result, inversion, stages = el.solve.fit_pixelized(
+        imaging, start, lens_light="fixed", light_rounds=2, log=None
+    )
+    names = [s["stage"] for s in stages]
+    assert names[:2] == ["stage 1 (regularization)", "stage 2 (mass)"]
+    assert names[2].startswith("stage 3 (lens light beside the source, round 1")
+    assert stages[2]["log_evidence"] > stages[1]["log_evidence"] + 50
+    # the kept stage is the last one that raised the evidence
+    kept = max(s["log_evidence"] for s in stages[1:])
+    assert float(inversion.log_evidence) == pytest.approx(kept, rel=1e-9)
+    assert _light_error(imaging, result.model, truth) < _light_error(imaging, start, truth)
+    theta = float(result.model.mass.components[0].theta_E)
+    assert theta == pytest.approx(1.0, abs=0.01)
+    with pytest.raises(ValueError, match="light_rounds"):
+        el.solve.fit_pixelized(imaging, start, light_rounds=-1, log=None)
+
+
 @pytest.mark.slow
 @pytest.mark.x64_only
 def test_batched_evidence_fits_run_for_every_mesh_kind():

@@ -30,7 +30,7 @@ def run_sample(
     n_live: int = 300,
     n_networks: int = 2,
     prior_width: float = 10.0,
-    mesh: str = "rectangular",
+    mesh: str = "adaptive:32x32",
     regularization: str = "constant",
     strength: float | None = None,
     max_tree_depth: int | None = None,
@@ -275,7 +275,8 @@ def _fit_one(
     from .cli import _pixelized_stage
     from .objective import Objective, select
     from .solve import fit_lens, threshold_term
-    from .solve._pipeline import _evidence_fit, _positions_term
+    from .solve._pipeline import _positions_term
+    from .solve._pixelized import _evidence_fit
     from .terms import GaussianLikelihood, LogEvidence
 
     result = fit_lens(
@@ -338,7 +339,8 @@ def _fit_bands(
     parameters (None: all of the result's)."""
     from .objective import Objective, select
     from .solve import auto_positions, fit_multiband, fit_multiband_pixelized, threshold_term
-    from .solve._pipeline import _evidence_fit, _positions_term
+    from .solve._pipeline import _positions_term
+    from .solve._pixelized import _evidence_fit
     from .terms import GaussianLikelihood, LogEvidence, MultiBandTerm
 
     if partial is not None:

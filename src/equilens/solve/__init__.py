@@ -32,10 +32,13 @@ from ._pipeline import (
     auto_positions as auto_positions,
     fit_lens as fit_lens,
     fit_multiband as fit_multiband,
+    lens_bounds as lens_bounds,
+)
+from ._pixelized import (
     fit_multiband_pixelized as fit_multiband_pixelized,
     fit_pixelized as fit_pixelized,
-    lens_bounds as lens_bounds,
     pixelized_model as pixelized_model,
+    refit_lens_light as refit_lens_light,
     threshold_term as threshold_term,
 )
 from ._plausible import implausible_notes as implausible_notes
@@ -45,6 +48,11 @@ from ._residuals import (
     lens_arc_residuals as lens_arc_residuals,
 )
 from ._result import RESULTS as RESULTS, FitResult as FitResult
+from ._rivals import (
+    RIVAL_THETA_E as RIVAL_THETA_E,
+    RIVAL_TOLERANCE as RIVAL_TOLERANCE,
+    with_rival_minima as with_rival_minima,
+)
 from ._sample import (
     Posterior as Posterior,
     SamplingInterrupted as SamplingInterrupted,

@@ -68,6 +68,14 @@ class ArcResiduals:
             "that took part of it; or a wrong mass)"
         )
 
+    def summary(self) -> str:
+        """One line for a fit's log."""
+        return (
+            f"matched-filter chi2 per pixel {self.arcs:.2f} over the arcs ({self.n_arcs} "
+            f"pixels), noise level {self.elsewhere:.2f} elsewhere"
+            + (" (arcs left)" if self.left else "")
+        )
+
     def to_dict(self) -> dict[str, float | int]:
         return {
             "arcs": self.arcs,
@@ -154,11 +162,7 @@ def with_arc_check(
     becomes `RESULTS.implausible`. Returns the result and the check."""
     check = lens_arc_residuals(imaging, result.model if system is None else system)
     if log is not None:
-        log(
-            f"  residuals: matched-filter chi2 per pixel {check.arcs:.2f} over the arcs "
-            f"({check.n_arcs} pixels), noise level {check.elsewhere:.2f} elsewhere"
-            + (" (arcs left)" if check.left else "")
-        )
+        log(f"  residuals: {check.summary()}")
     result = dataclasses.replace(result, arc_residuals=check)
     if check.left:
         result = with_plausibility(result, (*result.notes, check.note()))
@@ -179,11 +183,7 @@ def with_band_arc_checks(
     notes = list(result.notes)
     for name, check in zip(data.names, checks, strict=True):
         if log is not None:
-            log(
-                f"  band {name} residuals: matched-filter chi2 per pixel {check.arcs:.2f} over "
-                f"the arcs ({check.n_arcs} pixels), noise level {check.elsewhere:.2f} elsewhere"
-                + (" (arcs left)" if check.left else "")
-            )
+            log(f"  band {name} residuals: {check.summary()}")
         if check.left:
             notes.append(f"band {name}: {check.note()}")
     worst = max(checks, key=lambda c: c.excess)

@@ -23,6 +23,10 @@ class RESULTS(optx.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
         "The fit converged to an implausible model (a parameter at a bound, a source larger "
         "than the data, or an Einstein radius beyond the data): a local minimum; see `notes`."
     )
+    ambiguous = (
+        "Other minima fit the data as well (objectives within a few units) with another "
+        "Einstein radius: the data do not decide between them; see `notes`."
+    )
 
 
 # optimistix's `successful` has an empty message, so a result printed as `RESULTS<>`: this
@@ -118,7 +122,11 @@ class FitResult(eqx.Module):
         """The status in words (with the `notes`, if any)."""
         out = RESULTS[self.result]
         if self.notes:
-            short = "implausible" if self.result == RESULTS.implausible else out
+            short = out
+            if self.result == RESULTS.implausible:
+                short = "implausible"
+            elif self.result == RESULTS.ambiguous:
+                short = "ambiguous"
             out = f"{short}: {'; '.join(self.notes)}"
         return out
 

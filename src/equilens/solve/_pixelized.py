@@ -1,0 +1,435 @@
+"""`fit_pixelized` and `fit_multiband_pixelized`: the pixelized-source stages of the
+`equilens` command's pipeline, by the Bayesian evidence (`LogEvidence`)."""
+
+import dataclasses
+import operator
+import time
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Float
+
+from .._lens_system import LensSystem
+from .._multiband import MultiBandLensSystem
+from ..data import Imaging, MultiBandImaging
+from ..light import FixedLight, Gaussian
+from ..objective import Objective, select
+from ..source import (
+    AbstractMesh,
+    AbstractRegularization,
+    DelaunayMesh,
+    Inversion,
+    PixelizedSource,
+)
+from ..terms import GaussianLikelihood, LogEvidence, MultiBandTerm, PositionsThreshold
+from ._fit import SolverLike, fit, with_conditional_covariance, with_smoothed_covariance
+from ._pipeline import _checked_positions
+from ._residuals import with_arc_check, with_band_arc_checks
+from ._result import FitResult
+
+#: `fit_pixelized`'s positions threshold (arcsec, source plane): `POSITIONS_FACTOR` times
+#: the traced spread of the positions under the starting model, and at least
+#: `POSITIONS_MIN_THRESHOLD` (PyAutoLens's SLaM pipelines use the same two numbers).
+POSITIONS_FACTOR = 3.0
+POSITIONS_MIN_THRESHOLD = 0.2
+
+
+def threshold_term(
+    model: LensSystem, positions: Float[np.ndarray, "n 2"], threshold: float | None = None
+) -> PositionsThreshold:
+    """A `PositionsThreshold` on `positions` (`(n, 2)`, arcsec): its threshold is
+    `threshold` (arcsec, source plane), or by default `POSITIONS_FACTOR` times the largest
+    traced distance of the positions from their mean under `model`, and at least
+    `POSITIONS_MIN_THRESHOLD`; its wall's `sigma` is a thousandth of the threshold."""
+    pos = np.asarray(positions, dtype=float)
+    if threshold is None:
+        bx, by = (
+            np.asarray(v)
+            for v in model.mass.ray_shoot(jnp.asarray(pos[:, 0]), jnp.asarray(pos[:, 1]))
+        )
+        spread = float(np.max(np.hypot(bx - bx.mean(), by - by.mean())))
+        threshold = max(POSITIONS_FACTOR * spread, POSITIONS_MIN_THRESHOLD)
+    if not threshold > 0:
+        raise ValueError(f"positions threshold must be > 0 arcsec, got {threshold}")
+    return PositionsThreshold(pos[:, 0], pos[:, 1], threshold=threshold, sigma=1e-3 * threshold)
+
+
+#: Regularization strengths tried before the evidence fit picks one (`fit_pixelized`).
+COEFFICIENT_GRID = tuple(10.0**k for k in range(-9, 3))
+
+
+def pixelized_model(
+    model: LensSystem,
+    mesh: AbstractMesh,
+    regularization: AbstractRegularization,
+) -> LensSystem:
+    """`model` with its source replaced by `PixelizedSource(mesh, regularization)`."""
+    return eqx.tree_at(lambda s: s.source, model, PixelizedSource(mesh, regularization))
+
+
+def _strength_where(system: LensSystem) -> Callable[[LensSystem], Any]:
+    assert isinstance(system.source, PixelizedSource)
+    names = [n for n in type(system.source.regularization).bounds if n.endswith("coefficient")]
+    return lambda s: tuple(getattr(s.source.regularization, n) for n in names)  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def _evidence_fit(
+    objective: Objective,
+    start: Any,
+    free: Any,
+    solver: SolverLike,
+    max_steps: int,
+    progress: bool,
+    covariance: bool = True,
+) -> FitResult:
+    """One fit of an evidence objective, with the covariance made robust to its roughness
+    (none with `covariance=False`: an intermediate stage)."""
+    r = fit(
+        objective,
+        start,
+        solver,
+        free=free,
+        max_steps=max_steps,
+        throw=False,
+        progress=progress,
+        covariance=covariance,
+    )
+    if not covariance:
+        return r
+    return _evidence_covariance(r, objective, free)
+
+
+def _evidence_covariance(r: FitResult, objective: Objective, free: Any) -> FitResult:
+    """`r` (an evidence fit without its covariance) with the covariance of its `free`
+    parameters, made robust to the evidence's roughness."""
+    # the evidence is rough on scales below the errors (traced pixels cross the mesh's
+    # cells), so its autodiff Hessian can be indefinite at a minimum: the curvature of its
+    # values over 1-sigma steps instead; a regularization hyperparameter the evidence does
+    # not constrain (e.g. the inner coefficient of an AdaptiveBrightness whose signal is
+    # nowhere 1) leaves even that singular: the mass errors are then given with the
+    # hyperparameters held
+    r = with_smoothed_covariance(r, objective, free)
+    mass = jax.tree.map(operator.and_, free, select(r.model, lambda s: s.mass))
+    r = with_smoothed_covariance(r, objective, mass)
+    return with_conditional_covariance(r, objective, mass)
+
+
+def refit_lens_light(
+    imaging: Imaging,
+    system: LensSystem,
+    term: LogEvidence,
+    *,
+    solver: SolverLike = "lm",
+    max_steps: int = 300,
+    progress: bool = False,
+) -> LensSystem:
+    """`system` (a pixelized source, its lens light held: `FixedLight`) with the lens light
+    refitted beside its source: the source that `term` solves for `system` is lensed and
+    subtracted from the data, and the light profile's parameters (its linear amplitudes
+    solved, non-negative: `GaussianLikelihood(nonnegative=True)`) are fitted by least
+    squares to what is left, by `solver` in at most `max_steps` steps; the mass is held.
+    Returns `system` with the new light, held again (`FixedLight`).
+
+    A lens light fitted with the source present cannot take the arcs' light: the arcs are
+    in the subtracted model. `fit_pixelized` runs this between its mass stages and keeps
+    a round only when the evidence rises."""
+    if not isinstance(system.lens_light, FixedLight):
+        raise TypeError(
+            "refit_lens_light needs a lens light held as FixedLight, got "
+            f"{type(system.lens_light).__name__}"
+        )
+    completed = term.complete(system)
+    lensed = dataclasses.replace(completed, lens_light=None)
+    arcs = lensed.image(imaging.grid, imaging.convolution)
+    rest = eqx.tree_at(lambda im: im.data, imaging, imaging.data - arcs)
+    # the source is in the subtracted data: a source of zero light stands in for it
+    # (`LensSystem.source` cannot be None)
+    dark = FixedLight(Gaussian(amp=0.0, sigma=imaging.pixel_scale))
+    start = LensSystem(system.mass, dark, system.lens_light.profile)
+    r = fit(
+        Objective([GaussianLikelihood(rest, nonnegative=True)]),
+        start,
+        solver,
+        free=select(start, lambda s: s.lens_light),
+        max_steps=max_steps,
+        throw=False,
+        progress=progress,
+        covariance=False,
+    )
+    return eqx.tree_at(lambda s: s.lens_light, system, FixedLight(r.model.lens_light))
+
+
+def fit_pixelized(
+    imaging: Imaging,
+    model: LensSystem,
+    *,
+    solver: SolverLike | None = None,
+    fit_strength: bool = True,
+    lens_light: str = "solved",
+    rounds: int = 3,
+    light_rounds: int = 2,
+    max_steps: int = 1000,
+    positions: Any = None,
+    positions_threshold: float | None = None,
+    log: Callable[[str], None] | None = print,
+    progress: bool = False,
+) -> tuple[FitResult, Inversion, list[dict[str, Any]]]:
+    """Fits a lens model with a pixelized source by maximising the Bayesian evidence
+    (`LogEvidence`), from `model` (usually the mass and lens light of a parametric fit,
+    `fit_lens`, with `pixelized_model` putting in the source). A chain of stages:
+
+    1. with `fit_strength`, the regularization's strength coefficients start at the best
+       of `COEFFICIENT_GRID` and are fitted alone (mass held);
+    2. the mass (and, with `fit_strength`, the regularization parameters) by `solver`
+       (a minimiser: the evidence has no least-squares form). The default is BFGS, or adam
+       for a `DelaunayMesh`, whose evidence is only piecewise smooth (the triangulation
+       changes with the mass), which stalls quasi-Newton line searches;
+    3. with a held lens light (`lens_light="fixed"`), up to `light_rounds` rounds of the
+       lens light refitted beside the pixelized source (`refit_lens_light`: its
+       parameters and non-negative amplitudes by least squares on the data minus the
+       lensed source of the last stage, mass and source held), each followed by stage 2
+       again; a round is kept when it raises the log-evidence, and the rounds stop when
+       one gains less than 1 (the lens light of a parametric fit was fitted beside a
+       parametric source, which cannot describe an irregular galaxy: the light the
+       source missed is left in it, and only the source's reconstruction shows it:
+       PyAutoLens's source -> light -> mass chain);
+    4. for a regularization that adapts to the source's brightness
+       (`AdaptiveBrightness`), up to `rounds - 1` more rounds: the adapt image becomes the
+       lensed source of the last reconstruction (instead of the data, which holds the lens
+       light too), and stage 2 is repeated; the chain stops when the log-evidence gains
+       less than 1 (or drops: the previous round is kept).
+
+    `max_steps` is per stage (default 1000: BFGS on the evidence of an adaptive mesh,
+    whose quantile nodes make it only piecewise smooth, can need several hundred steps
+    from a parametric start).
+
+    `lens_light`: "solved" (its linear amplitudes solved in the same system as the
+    source, unregularized) or "fixed" (held as it is in `model`, `FixedLight`: the usual
+    choice after a parametric fit, and the only sound one for a multi-Gaussian lens light,
+    whose nearly degenerate Gaussians make an unregularized joint solve singular).
+
+    `positions`: an `(n, 2)` array of `(x, y)` in arcsec, the multiple images of one
+    source point (e.g. `auto_positions(imaging, parametric.model)`: the images of a
+    parametric fit's source centre, as the `equilens` command does), or `None`. With
+    positions, every stage adds a `PositionsThreshold` (`threshold_term`: the images must
+    keep tracing within `positions_threshold` arcsec of their mean in the source plane;
+    default 3 times their spread under the starting model, at least 0.2"): the guard of
+    the established pipelines against mass models that map the arcs to a large, smeared
+    source, which a pixelized source can fit nearly as well. Each stage's record then
+    holds its `positions_penalty` (zero while the guard is not touched).
+
+    The errors are those of the Laplace approximation over every fitted parameter. The
+    evidence is smooth only piecewise in the mass (traced pixels cross the mesh's cells),
+    so when its autodiff Hessian is not positive definite, the curvature comes from its
+    values over 1-sigma steps (`with_smoothed_covariance`); when that is singular too (a
+    hyperparameter the evidence leaves unconstrained), the mass errors with the
+    hyperparameters held (`with_smoothed_covariance`, then `with_conditional_covariance`,
+    over the mass alone). The result's `notes` say which.
+
+    Returns the `FitResult` of the last kept stage (solved source and amplitudes filled
+    in), its `Inversion` (the source's 1-sigma errors included), and one record per stage
+    (`{"stage": name, "log_evidence": value, "status": words}`)."""
+    t0 = time.perf_counter()
+    say = log or (lambda _: None)
+    if not isinstance(model.source, PixelizedSource):
+        raise TypeError("fit_pixelized needs a model whose source is a PixelizedSource")
+    if lens_light not in ("solved", "fixed"):
+        raise ValueError(f'lens_light must be "solved" or "fixed", got {lens_light!r}')
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if light_rounds < 0:
+        raise ValueError(f"light_rounds must be >= 0, got {light_rounds}")
+    if lens_light == "fixed" and model.lens_light is not None:
+        if not isinstance(model.lens_light, FixedLight):
+            model = eqx.tree_at(lambda s: s.lens_light, model, FixedLight(model.lens_light))
+    if solver is None:
+        delaunay = isinstance(model.source.mesh, DelaunayMesh)  # pyright: ignore[reportAttributeAccessIssue]
+        solver = "adam" if delaunay else "bfgs"
+    term = LogEvidence(imaging)
+    dtype = imaging.data.dtype
+    stages: list[dict[str, Any]] = []
+    guard: tuple[Any, ...] = ()
+    if positions is not None:
+        pos = _checked_positions(positions)
+        guard = (threshold_term(model, pos, positions_threshold),)
+        say(
+            f"  positions: {pos.shape[0]} images held within "
+            f'{float(guard[0].threshold):.3g}" of each other in the source plane'
+        )
+
+    def record(name: str, r: FitResult) -> None:
+        # the evidence term comes first; a positions guard adds nothing inside its threshold
+        log_ev = -float(r.term_values[0])
+        stages.append({"stage": name, "log_evidence": log_ev, "status": r.message()})
+        if guard:
+            stages[-1]["positions_penalty"] = float(r.term_values[1])
+        say(f"  {name}: log evidence {log_ev:.1f}, {r.message()}")
+
+    def run(objective: Objective, start: LensSystem, free: Any, covariance=True) -> FitResult:
+        return _evidence_fit(objective, start, free, solver, max_steps, progress, covariance)
+
+    if fit_strength:
+        where = _strength_where(model)
+        value = eqx.filter_jit(lambda t, m: t(m))
+        scores = []
+        for c in COEFFICIENT_GRID:
+            trial = eqx.tree_at(where, model, replace_fn=lambda _, c=c: jnp.asarray(c, dtype))
+            scores.append(float(value(term, trial)))
+        best = COEFFICIENT_GRID[int(np.nanargmin(scores))]
+        model = eqx.tree_at(where, model, replace_fn=lambda _: jnp.asarray(best, dtype))
+        say(f"  regularization start {best:g} (log evidence {-min(scores):.1f})")
+        regularization = select(model, lambda s: s.source.regularization)  # pyright: ignore[reportAttributeAccessIssue]
+        r = run(Objective([term, *guard]), model, regularization, covariance=False)
+        record("stage 1 (regularization)", r)
+        model = r.model
+    free = select(model, lambda s: (s.mass, s.source.regularization) if fit_strength else s.mass)  # pyright: ignore[reportAttributeAccessIssue]
+    # (with lens-light rounds to come, the covariance waits for the stage that is kept)
+    light_stages = light_rounds > 0 and isinstance(model.lens_light, FixedLight)
+    r = run(Objective([term, *guard]), model, free, covariance=not light_stages)
+    record("stage 2 (mass)", r)
+    stage = 3
+    if light_stages:
+        for k in range(1, light_rounds + 1):
+            light = refit_lens_light(imaging, r.model, term, max_steps=300, progress=progress)
+            trial = run(Objective([term, *guard]), light, free, covariance=False)
+            record(f"stage {stage} (lens light beside the source, round {k}; then the mass)", trial)
+            stage += 1
+            gain = float(r.value) - float(trial.value)
+            if not trial.success or not gain > 0:
+                say("    (no gain: the previous stage is kept)")
+                break
+            r = trial
+            if gain < 1.0:
+                break
+        r = _evidence_covariance(r, Objective([term, *guard]), free)
+    uses_signal = model.source.regularization.uses_signal  # pyright: ignore[reportAttributeAccessIssue]
+    for k in range(1, rounds if uses_signal else 1):
+        completed = term.complete(r.model)
+        lensed = dataclasses.replace(completed, lens_light=None)
+        adapt = np.asarray(lensed.image(imaging.grid, imaging.convolution))
+        new_term = LogEvidence(imaging, adapt_image=adapt)
+        trial = run(Objective([new_term, *guard]), r.model, free)
+        record(f"stage {stage} (adapted to the source, round {k})", trial)
+        stage += 1
+        gain = float(r.value) - float(trial.value)
+        if not trial.success or not gain > 0:
+            say("    (no gain: the previous stage is kept)")
+            break
+        r, term = trial, new_term
+        if gain < 1.0:
+            break
+    inversion = eqx.filter_jit(lambda t, m: t.invert(m, errors=True))(term, r.model)
+    r, _ = with_arc_check(imaging, r, say, term.complete(r.model))
+    return dataclasses.replace(r, wall_time=time.perf_counter() - t0), inversion, stages
+
+
+def _fixed(light: Any) -> FixedLight:
+    return light if isinstance(light, FixedLight) else FixedLight(light)
+
+
+def fit_multiband_pixelized(
+    data: MultiBandImaging,
+    model: MultiBandLensSystem,
+    mesh: AbstractMesh,
+    regularization: AbstractRegularization,
+    *,
+    solver: SolverLike | None = None,
+    fit_strength: bool = True,
+    max_steps: int = 1000,
+    positions: Any = None,
+    positions_threshold: float | None = None,
+    log: Callable[[str], None] | None = print,
+    progress: bool = False,
+) -> tuple[FitResult, tuple[Inversion, ...], list[dict[str, Any]]]:
+    """Fits a pixelized source in every band of `data` jointly, by the sum of the bands'
+    Bayesian evidences (`MultiBandTerm` of `LogEvidence`s), from `model` (e.g. the result
+    of `fit_multiband`): one mass model; in each band the lens light held as it is in
+    `model` (`FixedLight`) and a source of its own on `mesh` (the same mesh in every band,
+    each traced through its band's grid) with its own copy of `regularization`, whose
+    strength each band's evidence sets (bands differ in flux units and signal-to-noise).
+
+    Stages, as `fit_pixelized`'s first two: each band's strength started at the best of
+    `COEFFICIENT_GRID` and fitted with the mass held (when `fit_strength`), then the mass
+    and the strengths together. A regularization that adapts to the source's brightness
+    uses the data as its brightness estimate (no adaptation rounds). `positions` and
+    `positions_threshold` add `fit_pixelized`'s `PositionsThreshold` guard (on the shared
+    mass). The default solver is BFGS, or adam for a `DelaunayMesh`.
+
+    Returns the `FitResult` of the last stage (every band's source solved), each band's
+    `Inversion` (source errors included), and one record per stage (`{"stage", "log_evidence"
+    (the sum over bands), "band_log_evidence", "status"}`)."""
+    t0 = time.perf_counter()
+    say = log or (lambda _: None)
+    if not isinstance(data, MultiBandImaging):
+        raise TypeError(f"expected a MultiBandImaging, got {type(data).__name__}")
+    if not isinstance(model, MultiBandLensSystem) or model.n_bands != len(data):
+        raise ValueError(f"model must be a MultiBandLensSystem of the {len(data)} bands")
+    if solver is None:
+        solver = "adam" if isinstance(mesh, DelaunayMesh) else "bfgs"
+    bands = model.bands()
+    lens = None
+    if model.lens_light is not None:
+        lens = tuple(_fixed(b.lens_light) for b in bands)
+    sources = [PixelizedSource(mesh, regularization) for _ in bands]
+    terms = [LogEvidence(b) for b in data.bands]
+    dtype = data.bands[0].data.dtype
+    if fit_strength:  # each band's strength started at the best of a coarse grid
+        value = eqx.filter_jit(lambda t, m: t(m))
+        for i, (t, band) in enumerate(zip(terms, bands, strict=True)):
+            trial_system = LensSystem(band.mass, sources[i], None if lens is None else lens[i])
+            where = _strength_where(trial_system)
+            scores = []
+            for c in COEFFICIENT_GRID:
+                trial = eqx.tree_at(
+                    where, trial_system, replace_fn=lambda _, c=c: jnp.asarray(c, dtype)
+                )
+                scores.append(float(value(t, trial)))
+            best = COEFFICIENT_GRID[int(np.nanargmin(scores))]
+            chosen = eqx.tree_at(
+                where, trial_system, replace_fn=lambda _, b=best: jnp.asarray(b, dtype)
+            )
+            sources[i] = chosen.source
+            say(f"  band {data.names[i]}: regularization start {best:g}")
+    start = MultiBandLensSystem(model.mass, tuple(sources), lens)
+    term = MultiBandTerm(terms, data.names)
+    guard: tuple[Any, ...] = ()
+    if positions is not None:
+        pos = _checked_positions(positions)
+        guard = (threshold_term(start.band(0), pos, positions_threshold),)
+    objective = Objective([term, *guard])
+    stages: list[dict[str, Any]] = []
+    band_values = eqx.filter_jit(lambda t, m: t.values(m))
+
+    def record(name: str, r: FitResult) -> None:
+        per_band = [-float(v) for v in band_values(term, r.model)]
+        stages.append(
+            {
+                "stage": name,
+                "log_evidence": -float(r.term_values[0]),
+                "band_log_evidence": dict(zip(data.names, per_band, strict=True)),
+                "status": r.message(),
+            }
+        )
+        if guard:
+            stages[-1]["positions_penalty"] = float(r.term_values[1])
+        say(f"  {name}: log evidence {-float(r.term_values[0]):.1f}, {r.message()}")
+
+    def regs(m: MultiBandLensSystem) -> Any:
+        return tuple(s.regularization for s in m.source)  # pyright: ignore[reportAttributeAccessIssue]
+
+    if fit_strength:
+        r = _evidence_fit(
+            objective, start, select(start, regs), solver, max_steps, progress, covariance=False
+        )
+        record("stage 1 (regularization)", r)
+        start = r.model
+    free = select(start, lambda m: (m.mass, *regs(m)) if fit_strength else m.mass)
+    r = _evidence_fit(objective, start, free, solver, max_steps, progress)
+    record("stage 2 (mass)", r)
+    inversions = eqx.filter_jit(lambda t, m: t.invert(m, errors=True))(term, r.model)
+    r = with_band_arc_checks(data, r, term.complete(r.model).bands(), say)
+    return dataclasses.replace(r, wall_time=time.perf_counter() - t0), inversions, stages
