@@ -1085,6 +1085,9 @@ def test_pixelized_chain_keeps_a_lens_light_round_only_when_the_evidence_rises()
     assert _light_error(imaging, result.model, truth) < _light_error(imaging, start, truth)
     theta = float(result.model.mass.components[0].theta_E)
     assert theta == pytest.approx(1.0, abs=0.01)
+    # the kept stage's covariance (computed once, after the rounds)
+    errors = dict(zip(result.names, np.asarray(result.errors), strict=True))
+    assert 0 < errors["mass.components[0].theta_E"] < 0.01
     with pytest.raises(ValueError, match="light_rounds"):
         el.solve.fit_pixelized(imaging, start, light_rounds=-1, log=None)
 

@@ -100,12 +100,6 @@ def _evidence_fit(
     )
     if not covariance:
         return r
-    return _evidence_covariance(r, objective, free)
-
-
-def _evidence_covariance(r: FitResult, objective: Objective, free: Any) -> FitResult:
-    """`r` (an evidence fit without its covariance) with the covariance of its `free`
-    parameters, made robust to the evidence's roughness."""
     # the evidence is rough on scales below the errors (traced pixels cross the mesh's
     # cells), so its autodiff Hessian can be indefinite at a minimum: the curvature of its
     # values over 1-sigma steps instead; a regularization hyperparameter the evidence does
@@ -305,7 +299,8 @@ def fit_pixelized(
             r = trial
             if gain < 1.0:
                 break
-        r = _evidence_covariance(r, Objective([term, *guard]), free)
+        # the kept stage once more from its minimum (a few steps), with its covariance
+        r = run(Objective([term, *guard]), r.model, free)
     uses_signal = model.source.regularization.uses_signal  # pyright: ignore[reportAttributeAccessIssue]
     for k in range(1, rounds if uses_signal else 1):
         completed = term.complete(r.model)
