@@ -78,19 +78,23 @@ def with_rival_minima(
             taken.append(t)
         if len(picked) == MAX_RIVALS:
             break
-    ends = []
-    for cand in picked:
-        again = fit(
+
+    def refit(model: Any, covariance: bool) -> FitResult:
+        return fit(
             objective,
-            cand.model,
+            model,
             solver,
             free=free,
             bounds=bounds,
             max_steps=max_steps,
             throw=False,
             progress=progress,
-            covariance=False,
+            covariance=covariance,
         )
+
+    ends = []
+    for cand in picked:
+        again = refit(cand.model, covariance=False)
         if again.success and _distinct(_theta_e(again.model), [theta]):
             ends.append(again)
     lowest = min(ends, key=lambda e: float(e.value), default=None)
@@ -101,16 +105,7 @@ def with_rival_minima(
             f"objective {float(lowest.value) - reference:+.2f}): it is chosen"
         )
         old = chosen
-        chosen = fit(
-            objective,
-            lowest.model,
-            solver,
-            free=free,
-            bounds=bounds,
-            max_steps=max_steps,
-            throw=False,
-            progress=progress,
-        )
+        chosen = refit(lowest.model, covariance=True)
         ends = [e for e in ends if e is not lowest] + [old]
         theta, reference = _theta_e(chosen.model), float(chosen.value)
     rivals = tuple(
