@@ -1004,6 +1004,9 @@ def test_evidence_fit_recovers_the_mass_and_fills_in_the_source():
     assert [s["stage"][:7] for s in stages] == ["stage 1", "stage 2"]
     assert stages[-1]["log_evidence"] == pytest.approx(float(inversion.log_evidence), rel=1e-9)
     assert stages[1]["log_evidence"] >= stages[0]["log_evidence"]
+    # each stage records its Einstein radius: stage 1 holds the mass, the last is the result
+    assert stages[0]["theta_E"] == pytest.approx(0.97, abs=1e-12)
+    assert stages[-1]["theta_E"] == pytest.approx(theta, rel=1e-12)
     # the result holds the solved source: it renders the inversion's model
     image = result.model.image(imaging.grid, imaging.convolution)
     mask = np.asarray(imaging.mask)

@@ -42,8 +42,10 @@ def test_the_sources_are_the_deep_fields_galaxies_without_its_stars(suite, stamp
 
 
 def test_parts_are_fixed_disjoint_and_drawn_apart(suite, stamps):
-    assert set(suite.DEV).isdisjoint(suite.HELD_OUT)
-    assert len(suite.DEV) == 10 and len(suite.DEV) + len(suite.HELD_OUT) == suite.N_LENSES >= 30
+    parts = [set(suite.DEV), set(suite.HELD_OUT), set(suite.TUNING)]
+    assert sum(map(len, parts)) == len(set().union(*parts))  # disjoint
+    assert len(suite.DEV) == 10 and len(suite.HELD_OUT) == 20 and len(suite.TUNING) == 20
+    assert suite.draw_lens(31, len(stamps))["part"] == "tuning"
     a = suite.draw_lens(12, len(stamps))
     b = suite.draw_lens(12, len(stamps))
     assert a == b and a["part"] == "held-out"

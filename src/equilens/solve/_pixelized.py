@@ -30,6 +30,7 @@ from ._fit import SolverLike, fit, with_conditional_covariance, with_smoothed_co
 from ._pipeline import _checked_positions
 from ._residuals import with_arc_check, with_band_arc_checks
 from ._result import FitResult
+from ._search import first_mass
 
 #: `fit_pixelized`'s positions threshold (arcsec, source plane): `POSITIONS_FACTOR` times
 #: the traced spread of the positions under the starting model, and at least
@@ -226,7 +227,8 @@ def fit_pixelized(
 
     Returns the `FitResult` of the last kept stage (solved source and amplitudes filled
     in), its `Inversion` (the source's 1-sigma errors included), and one record per stage
-    (`{"stage": name, "log_evidence": value, "status": words}`)."""
+    (`{"stage": name, "log_evidence": value, "status": words, "theta_E": arcsec}`, the
+    first mass component's Einstein radius where it has one)."""
     t0 = time.perf_counter()
     say = log or (lambda _: None)
     if not isinstance(model.source, PixelizedSource):
@@ -259,9 +261,13 @@ def fit_pixelized(
         # the evidence term comes first; a positions guard adds nothing inside its threshold
         log_ev = -float(r.term_values[0])
         stages.append({"stage": name, "log_evidence": log_ev, "status": r.message()})
+        theta_e = _theta_e(r.model)
+        if theta_e is not None:
+            stages[-1]["theta_E"] = theta_e
         if guard:
             stages[-1]["positions_penalty"] = float(r.term_values[1])
-        say(f"  {name}: log evidence {log_ev:.1f}, {r.message()}")
+        radius = "" if theta_e is None else f', theta_E {theta_e:.4f}"'
+        say(f"  {name}: log evidence {log_ev:.1f}{radius}, {r.message()}")
 
     def run(objective: Objective, start: LensSystem, free: Any, covariance=True) -> FitResult:
         return _evidence_fit(objective, start, free, solver, max_steps, progress, covariance)
@@ -320,6 +326,16 @@ def fit_pixelized(
     inversion = eqx.filter_jit(lambda t, m: t.invert(m, errors=True))(term, r.model)
     r, _ = with_arc_check(imaging, r, say, term.complete(r.model))
     return dataclasses.replace(r, wall_time=time.perf_counter() - t0), inversion, stages
+
+
+def _theta_e(model: LensSystem) -> float | None:
+    """The first mass component's Einstein radius (arcsec), for a stage's record; `None`
+    for a first component without one."""
+    try:
+        _, first = first_mass(model)
+    except ValueError:
+        return None
+    return float(first.theta_E)
 
 
 def _fixed(light: Any) -> FixedLight:
@@ -409,9 +425,13 @@ def fit_multiband_pixelized(
                 "status": r.message(),
             }
         )
+        theta_e = _theta_e(r.model.band(0))
+        if theta_e is not None:
+            stages[-1]["theta_E"] = theta_e
         if guard:
             stages[-1]["positions_penalty"] = float(r.term_values[1])
-        say(f"  {name}: log evidence {-float(r.term_values[0]):.1f}, {r.message()}")
+        radius = "" if theta_e is None else f', theta_E {theta_e:.4f}"'
+        say(f"  {name}: log evidence {-float(r.term_values[0]):.1f}{radius}, {r.message()}")
 
     def regs(m: MultiBandLensSystem) -> Any:
         return tuple(s.regularization for s in m.source)  # pyright: ignore[reportAttributeAccessIssue]
