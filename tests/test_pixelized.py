@@ -1087,6 +1087,32 @@ def test_pixelized_chain_keeps_a_lens_light_round_only_when_the_evidence_rises()
 
 @pytest.mark.slow
 @pytest.mark.x64_only
+def test_adaptive_regularization_rounds_keep_the_adapt_image_of_the_best_round():
+    truth, imaging = _lens_with_light(lambda grid: grid.annular_mask(0.3, 1.4))
+    start = el.LensSystem(
+        mass=mass.SIE(theta_E=0.98, e1=0.06, e2=-0.02) + mass.ExternalShear(0.0, 0.0),
+        lens_light=truth.lens_light,
+        source=el.PixelizedSource(
+            el.AdaptiveRectangularMesh((14, 14)), el.AdaptiveBrightness(1.0, 1.0, 1.0)
+        ),
+    )
+    result, inversion, stages = el.solve.fit_pixelized(
+        imaging, start, rounds=3, max_steps=300, log=None
+    )
+    names = [s["stage"] for s in stages]
+    assert names[2] == "stage 3 (adapted to the source, round 1)"
+    assert len(names) <= 4 and all("adapted" in n for n in names[2:])
+    # the data (with the lens light) as adapt image, then the lensed source alone: the
+    # first round raises the evidence, and the result is the best stage, with the adapt
+    # image it was fitted with (its inversion gives that stage's evidence again)
+    assert stages[2]["log_evidence"] > stages[1]["log_evidence"]
+    best = max(s["log_evidence"] for s in stages[1:])
+    assert float(inversion.log_evidence) == pytest.approx(best, rel=1e-9)
+    assert float(result.model.mass.components[0].theta_E) == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.x64_only
 def test_batched_evidence_fits_run_for_every_mesh_kind():
     truth = mass.SIE(theta_E=1.0, e1=0.08, e2=-0.03)
     grid = el.Grid((40, 40), pixel_scale=PS)

@@ -607,12 +607,15 @@ def _value_hessian(f: Callable[[Array], Array], z0: Array, h: np.ndarray) -> np.
     at = z0[None, :] + jnp.asarray(np.stack(points), dtype=z0.dtype)
     v = np.asarray(jax.lax.map(f, at), dtype=np.float64)
     hess = np.empty((n, n))
-    for i in range(n):
-        hess[i, i] = (v[1 + 2 * i] - 2 * v[0] + v[2 + 2 * i]) / h[i] ** 2
-    base = 1 + 2 * n
-    for k, (i, j) in enumerate(pairs):
-        a, b, c, d = v[base + 4 * k : base + 4 * k + 4]
-        hess[i, j] = hess[j, i] = (a - b - c + d) / (4 * h[i] * h[j])
+    # a step into a region where the objective is not finite (an invalid inversion) gives
+    # NaN entries, which `_inverse_pd` refuses: no warning for inf - inf
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i in range(n):
+            hess[i, i] = (v[1 + 2 * i] - 2 * v[0] + v[2 + 2 * i]) / h[i] ** 2
+        base = 1 + 2 * n
+        for k, (i, j) in enumerate(pairs):
+            a, b, c, d = v[base + 4 * k : base + 4 * k + 4]
+            hess[i, j] = hess[j, i] = (a - b - c + d) / (4 * h[i] * h[j])
     return hess
 
 

@@ -272,6 +272,7 @@ def fit_pixelized(
     def run(objective: Objective, start: LensSystem, free: Any, covariance=True) -> FitResult:
         return _evidence_fit(objective, start, free, solver, max_steps, progress, covariance)
 
+    objective = Objective([term, *guard])
     if fit_strength:
         where = _strength_where(model)
         value = eqx.filter_jit(lambda t, m: t(m))
@@ -283,49 +284,71 @@ def fit_pixelized(
         model = eqx.tree_at(where, model, replace_fn=lambda _: jnp.asarray(best, dtype))
         say(f"  regularization start {best:g} (log evidence {-min(scores):.1f})")
         regularization = select(model, lambda s: s.source.regularization)  # pyright: ignore[reportAttributeAccessIssue]
-        r = run(Objective([term, *guard]), model, regularization, covariance=False)
+        r = run(objective, model, regularization, covariance=False)
         record("stage 1 (regularization)", r)
         model = r.model
     free = select(model, lambda s: (s.mass, s.source.regularization) if fit_strength else s.mass)  # pyright: ignore[reportAttributeAccessIssue]
     # (with lens-light rounds to come, the covariance waits for the stage that is kept)
     light_stages = light_rounds > 0 and isinstance(model.lens_light, FixedLight)
-    r = run(Objective([term, *guard]), model, free, covariance=not light_stages)
+    r = run(objective, model, free, covariance=not light_stages)
     record("stage 2 (mass)", r)
     stage = 3
+
+    def light_round(k: int, last: FitResult, _: None) -> tuple[FitResult, None]:
+        nonlocal stage
+        light = refit_lens_light(imaging, last.model, term, max_steps=300, progress=progress)
+        trial = run(objective, light, free, covariance=False)
+        record(f"stage {stage} (lens light beside the source, round {k}; then the mass)", trial)
+        stage += 1
+        return trial, None
+
     if light_stages:
-        for k in range(1, light_rounds + 1):
-            light = refit_lens_light(imaging, r.model, term, max_steps=300, progress=progress)
-            trial = run(Objective([term, *guard]), light, free, covariance=False)
-            record(f"stage {stage} (lens light beside the source, round {k}; then the mass)", trial)
-            stage += 1
-            gain = float(r.value) - float(trial.value)
-            if not trial.success or not gain > 0:
-                say("    (no gain: the previous stage is kept)")
-                break
-            r = trial
-            if gain < 1.0:
-                break
+        r, _ = _kept_rounds(r, light_rounds, light_round, say)
         # the kept stage once more from its minimum (a few steps), with its covariance
-        r = run(Objective([term, *guard]), r.model, free)
-    uses_signal = model.source.regularization.uses_signal  # pyright: ignore[reportAttributeAccessIssue]
-    for k in range(1, rounds if uses_signal else 1):
-        completed = term.complete(r.model)
-        lensed = dataclasses.replace(completed, lens_light=None)
+        r = run(objective, r.model, free)
+
+    def adapt_round(k: int, last: FitResult, made: Any) -> tuple[FitResult, LogEvidence]:
+        nonlocal stage
+        # the term (its adapt image) of the last kept round
+        source_of = term if made is None else made
+        lensed = dataclasses.replace(source_of.complete(last.model), lens_light=None)
         adapt = np.asarray(lensed.image(imaging.grid, imaging.convolution))
         new_term = LogEvidence(imaging, adapt_image=adapt)
-        trial = run(Objective([new_term, *guard]), r.model, free)
+        trial = run(Objective([new_term, *guard]), last.model, free)
         record(f"stage {stage} (adapted to the source, round {k})", trial)
         stage += 1
+        return trial, new_term
+
+    if model.source.regularization.uses_signal:  # pyright: ignore[reportAttributeAccessIssue]
+        r, adapted = _kept_rounds(r, rounds - 1, adapt_round, say)
+        term = term if adapted is None else adapted
+    inversion = eqx.filter_jit(lambda t, m: t.invert(m, errors=True))(term, r.model)
+    r, _ = with_arc_check(imaging, r, say, term.complete(r.model))
+    return dataclasses.replace(r, wall_time=time.perf_counter() - t0), inversion, stages
+
+
+def _kept_rounds(
+    r: FitResult,
+    n: int,
+    attempt: Callable[[int, FitResult, Any], tuple[FitResult, Any]],
+    say: Callable[[str], None],
+) -> tuple[FitResult, Any]:
+    """Up to `n` rounds of `attempt(k, last kept result, what it was made with) -> (trial,
+    what the trial was made with)`, k = 1, 2, ... (`None` before a round is kept): a round
+    is kept when it succeeds and lowers the objective (raises the log-evidence); the rounds
+    stop at the first one that does not, or that gains less than 1. Returns the last kept
+    result and what the last kept round was made with (`None` when none was kept)."""
+    made = None
+    for k in range(1, n + 1):
+        trial, with_ = attempt(k, r, made)
         gain = float(r.value) - float(trial.value)
         if not trial.success or not gain > 0:
             say("    (no gain: the previous stage is kept)")
             break
-        r, term = trial, new_term
+        r, made = trial, with_
         if gain < 1.0:
             break
-    inversion = eqx.filter_jit(lambda t, m: t.invert(m, errors=True))(term, r.model)
-    r, _ = with_arc_check(imaging, r, say, term.complete(r.model))
-    return dataclasses.replace(r, wall_time=time.perf_counter() - t0), inversion, stages
+    return r, made
 
 
 def _theta_e(model: LensSystem) -> float | None:
