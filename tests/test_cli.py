@@ -823,3 +823,22 @@ def test_every_option_is_checked_where_it_enters(odd_files, tmp_path, command):
         event(f"refused: {bad}")
 
     check()
+
+
+def test_default_mesh_fits_the_mask():
+    from equilens.cli import DEFAULT_MESH, default_mesh, make_mesh
+
+    grid = el.Grid((80, 80), pixel_scale=0.1)
+    psf = el.GaussianPSF(fwhm=0.2, pixel_scale=0.1)
+
+    def imaging(radius):
+        data = np.ones(grid.shape)
+        return el.Imaging(data, data, psf, 0.1, mask=grid.circular_mask(radius))
+
+    assert default_mesh(imaging(3.0)) == DEFAULT_MESH  # 2,821 pixels
+    small = imaging(1.7)  # 901 pixels: at most 450 source pixels, 21x21
+    n = int(np.asarray(small.mask).sum())
+    assert default_mesh(small) == "adaptive:21x21" and 21**2 <= n / 2 < 22**2
+    assert make_mesh(default_mesh(small), small).n_pixels == 441
+    with pytest.raises(ValueError, match="too few for a pixelized source"):
+        default_mesh(imaging(0.6))

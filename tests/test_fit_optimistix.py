@@ -46,18 +46,19 @@ def _line_problem():
 
 class _ScaledDescent(optx.AbstractMinimiser):
     """Gradient descent with its rate read from `options["rate"]`: shows that `fit`'s
-    `options` reach the solver."""
+    `options` reach the solver. With `options["moving"] = k` only its first k steps move."""
 
     rtol: float = 1e-12
     atol: float = 1e-12
     norm = staticmethod(optx.max_norm)
 
     def init(self, fn, y, args, options, f_struct, aux_struct, tags):
-        return None
+        return jnp.array(0)
 
     def step(self, fn, y, args, options, state, tags):
         grad, aux = jax.grad(fn, has_aux=True)(y, args)
-        return jax.tree.map(lambda p, g: p - options["rate"] * g, y, grad), state, aux
+        rate = jnp.where(state < options.get("moving", 10**6), options["rate"], 0.0)
+        return jax.tree.map(lambda p, g: p - rate * g, y, grad), state + 1, aux
 
     def terminate(self, fn, y, args, options, state, tags):
         return jnp.array(False), optx.RESULTS.successful
@@ -98,9 +99,13 @@ def test_options_reach_the_solver_and_rejected_steps_end_the_fit():
         objective, start, _ScaledDescent(), options={"rate": 0.05}, max_steps=50, throw=False
     )
     assert float(moving.value) < 0.1 * float(objective(start))
-    # at rate 0 no step moves the line: 20 unchanged steps in a row end the fit, converged
-    still = el.fit(objective, start, _ScaledDescent(), options={"rate": 0.0}, max_steps=50)
-    assert still.success and int(still.num_steps) == 20
+    # after a step that moved, 20 unchanged steps in a row end the fit, converged
+    once = {"rate": 0.05, "moving": 1}
+    stalled = el.fit(objective, start, _ScaledDescent(), options=once, max_steps=100)
+    assert stalled.success and int(stalled.num_steps) == 21
+    # before any step moved (a line search still halving its first step), 64 do
+    still = el.fit(objective, start, _ScaledDescent(), options={"rate": 0.0}, max_steps=100)
+    assert still.success and int(still.num_steps) == 64
     assert float(still.model.a) == 0.0 and float(still.model.b) == 0.0
     # (beartype, on in the tests, names the parameter first; the check holds without it)
     with pytest.raises(TypeError, match="options"):

@@ -30,7 +30,7 @@ def run_sample(
     n_live: int = 300,
     n_networks: int = 2,
     prior_width: float = 10.0,
-    mesh: str = "adaptive:32x32",
+    mesh: str | None = None,
     regularization: str = "constant",
     strength: float | None = None,
     max_tree_depth: int | None = None,
@@ -58,14 +58,16 @@ def run_sample(
 
     matplotlib.use("Agg")
 
-    from .cli import make_mesh, make_regularization
+    from .cli import default_mesh, make_mesh, make_regularization
     from .data import MultiBandImaging
     from .solve import SamplingInterrupted, nested_sample, sample
 
     bands = isinstance(data, MultiBandImaging)
     imaging = data.bands[0] if bands else data
     pixelized = source == "pixelized"
-    pix_mesh = make_mesh(mesh, imaging) if pixelized else None
+    if pixelized and mesh is None:
+        mesh = default_mesh(imaging)
+    pix_mesh = make_mesh(mesh, imaging) if mesh is not None and pixelized else None
     pix_reg = make_regularization(regularization, strength) if pixelized else None
     if sampler not in ("auto", "nuts", "nested"):
         raise ValueError(f"--sampler must be auto, nuts or nested, got {sampler!r}")

@@ -140,8 +140,32 @@ DEFAULT_MESH_SHAPE = {"rectangular": (32, 32), "adaptive": (24, 24)}
 #: The pixelized source's mesh when `--mesh` is not given: a mesh adapted to the
 #: magnification puts its pixels where the arcs resolve the source (on the realistic
 #: suite's bright arcs, log-evidence +2,300 over the 32x32 rectangular mesh at the same
-#: number of pixels and cost).
+#: number of pixels and cost) ...
 DEFAULT_MESH = "adaptive:32x32"
+#: ... with at most this many source pixels per pixel of the mask (`default_mesh`: a
+#: smaller square mesh on a small mask, e.g. a Euclid cutout of a 1" lens)
+DEFAULT_MESH_FILL = 0.5
+
+
+def default_mesh(imaging) -> str:
+    """The `--mesh` spec used when none is given: `DEFAULT_MESH`, or on a mask of fewer than
+    2,048 pixels an adaptive NxN mesh of at most `DEFAULT_MESH_FILL` source pixels per
+    masked pixel (an evidence needs more data than source pixels). Raises `ValueError` for
+    a mask too small for a pixelized source (under 128 pixels: an 8x8 mesh)."""
+    import math
+
+    import numpy as np
+
+    n = int(np.asarray(imaging.mask).sum())
+    side = min(32, math.isqrt(int(n * DEFAULT_MESH_FILL)))
+    if side < 8:
+        raise ValueError(
+            f"the mask has {n} pixels: too few for a pixelized source (at least 128, for an "
+            "8x8 mesh); use a larger --mask-radius"
+        )
+    return DEFAULT_MESH if side == 32 else f"adaptive:{side}x{side}"
+
+
 DEFAULT_DELAUNAY_NODES = 500
 
 
@@ -262,7 +286,7 @@ def run_fit(
     solver: str = "lm",
     title: str = "",
     extra: dict | None = None,
-    mesh: str = DEFAULT_MESH,
+    mesh: str | None = None,
     regularization: str = "constant",
     strength: float | None = None,
     max_steps: int | None = None,
@@ -281,7 +305,9 @@ def run_fit(
     from .solve import fit_lens, result_to_dict, write_json
 
     # pixelized: build (and so check) the mesh and regularization before any fitting
-    pix_mesh = make_mesh(mesh, imaging) if source == "pixelized" else None
+    if source == "pixelized" and mesh is None:
+        mesh = default_mesh(imaging)
+    pix_mesh = make_mesh(mesh, imaging) if mesh is not None and source == "pixelized" else None
     pix_reg = make_regularization(regularization, strength) if source == "pixelized" else None
 
     t0 = time.perf_counter()
@@ -385,7 +411,7 @@ def run_fit_multiband(
     max_steps: int | None = None,
     positions=None,
     positions_sigma: float | None = None,
-    mesh: str = DEFAULT_MESH,
+    mesh: str | None = None,
     regularization: str = "constant",
     strength: float | None = None,
     partial: Partial | None = None,
@@ -404,7 +430,9 @@ def run_fit_multiband(
     from .terms import GaussianLikelihood
 
     pixelized = source == "pixelized"
-    pix_mesh = make_mesh(mesh, data.bands[0]) if pixelized else None
+    if pixelized and mesh is None:
+        mesh = default_mesh(data.bands[0])
+    pix_mesh = make_mesh(mesh, data.bands[0]) if mesh is not None and pixelized else None
     pix_reg = make_regularization(regularization, strength) if pixelized else None
     t0 = time.perf_counter()
     sizes = ", ".join(
@@ -597,8 +625,9 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
     """The options `fit` and `sample` share after the data's."""
     parser.add_argument(
         "--mesh",
-        help="pixelized source mesh: adaptive[:NYxNX] (default adaptive:32x32), "
-        "rectangular[:NYxNX], delaunay[:N]",
+        help="pixelized source mesh: adaptive[:NYxNX] (default adaptive:32x32; on a mask of "
+        "under 2048 pixels, NxN with N^2 at most half its pixels), rectangular[:NYxNX], "
+        "delaunay[:N]",
     )
     parser.add_argument(
         "--regularization",
@@ -795,7 +824,7 @@ def _run(args, partial: Partial) -> int:
             print(f"equilens {args.command}: the inputs are valid (--check: nothing fitted)")
             print("\n".join(f"  {line}" for line in plan))
             return 0
-        mesh = DEFAULT_MESH if args.mesh is None else args.mesh
+        mesh = args.mesh  # None: default_mesh of the data
         regularization = "constant" if args.regularization is None else args.regularization
         lens_light = _lens_light(args)
         if args.command == "sample":
@@ -943,7 +972,7 @@ def _check_model(args, imaging, positions) -> list[str]:
         lines.append(f"positions: {len(positions)} images")
     if pixelized:
         name = "constant" if args.regularization is None else args.regularization
-        mesh = make_mesh(DEFAULT_MESH if args.mesh is None else args.mesh, imaging)
+        mesh = make_mesh(default_mesh(imaging) if args.mesh is None else args.mesh, imaging)
         make_regularization(name, args.regularization_strength)
         lines.append(
             f"pixelized source: {type(mesh).__name__} ({mesh.n_pixels} pixels), {name} "

@@ -124,9 +124,16 @@ class _WatchState(eqx.Module):
     inner: Any
     steps: Array
     still: Array
+    moved: Array
 
 
 _STALL = 20
+#: rejected steps in a row that end a fit before any step was accepted: a quasi-Newton
+#: solver starts from an identity Hessian, so its first trial steps are the gradient, and a
+#: steep objective (a pixelized source's evidence: gradients of 1e4-1e5) needs 20-40
+#: halvings of the line search before one is accepted; 64 halvings reach any float's
+#: precision
+_STALL_START = 64
 _PATIENCE = 10
 
 
@@ -135,7 +142,8 @@ class _Watched(eqx.Module):
     `max_steps` (an array, so another value reuses the compiled fit), reports them to the
     progress bar, and stops after `_STALL` rejected steps in a row (a rejected step leaves
     `y` unchanged: no decrease can be found at this floating-point precision; in float32 a
-    trust region can shrink forever): a converged fit. Everything else, `postprocess`
+    trust region can shrink forever): a converged fit; before the first accepted step,
+    after `_STALL_START` (the first line search's halvings). Everything else, `postprocess`
     included (`optx.BestSoFarMinimiser` returns its best point), is the wrapped solver's."""
 
     solver: Any
@@ -156,7 +164,7 @@ class _Watched(eqx.Module):
 
     def init(self, fn, y, args, options, f_struct, aux_struct, tags):
         inner = self.solver.init(fn, y, args, options, f_struct, aux_struct, tags)
-        return _WatchState(inner, jnp.array(0), jnp.array(0))
+        return _WatchState(inner, jnp.array(0), jnp.array(0), jnp.array(False))
 
     def step(self, fn, y, args, options, state, tags):
         new_y, inner, aux = self.solver.step(fn, y, args, options, state.inner, tags)
@@ -164,11 +172,12 @@ class _Watched(eqx.Module):
         same = jnp.all(jnp.stack([jnp.all(a == b) for a, b in pairs]))
         steps = state.steps + 1
         _report(self.progress, steps)
-        return new_y, _WatchState(inner, steps, jnp.where(same, state.still + 1, 0)), aux
+        still = jnp.where(same, state.still + 1, 0)
+        return new_y, _WatchState(inner, steps, still, state.moved | ~same), aux
 
     def terminate(self, fn, y, args, options, state, tags):
         done, res = self.solver.terminate(fn, y, args, options, state.inner, tags)
-        done = done | (state.still >= _STALL)
+        done = done | (state.still >= jnp.where(state.moved, _STALL, _STALL_START))
         out = state.steps >= self.max_steps
         late = out & jnp.invert(done) & (res == optx.RESULTS.successful)
         return done | out, optx.RESULTS.where(late, optx.RESULTS.nonlinear_max_steps_reached, res)
@@ -458,7 +467,9 @@ def fit(
     Any optimistix solver works, wrappers included: the solver's `postprocess` gives the
     result (`optimistix.BestSoFarMinimiser(optimistix.BFGS(...))` returns the best point
     it saw). A step the solver rejects 20 times in a row ends the fit as converged (no
-    decrease left at the working precision: float32's trust regions can shrink forever).
+    decrease left at the working precision: float32's trust regions can shrink forever);
+    64 times before the first accepted step (a quasi-Newton solver's first line search
+    halves its step from the gradient's size down to the objective's scale).
 
     **Returns:** a `FitResult`. A fit that converged to an implausible model (a parameter
     at a bound, a source larger than the data, an Einstein radius beyond the data or under

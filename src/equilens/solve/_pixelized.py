@@ -260,14 +260,21 @@ def fit_pixelized(
     def record(name: str, r: FitResult) -> None:
         # the evidence term comes first; a positions guard adds nothing inside its threshold
         log_ev = -float(r.term_values[0])
-        stages.append({"stage": name, "log_evidence": log_ev, "status": r.message()})
+        stages.append(
+            {
+                "stage": name,
+                "log_evidence": log_ev,
+                "status": r.message(),
+                "num_steps": int(r.num_steps),
+            }
+        )
         theta_e = _theta_e(r.model)
         if theta_e is not None:
             stages[-1]["theta_E"] = theta_e
         if guard:
             stages[-1]["positions_penalty"] = float(r.term_values[1])
         radius = "" if theta_e is None else f', theta_E {theta_e:.4f}"'
-        say(f"  {name}: log evidence {log_ev:.1f}{radius}, {r.message()}")
+        say(f"  {name}: log evidence {log_ev:.1f}{radius}, {int(r.num_steps)} steps, {r.message()}")
 
     def run(objective: Objective, start: LensSystem, free: Any, covariance=True) -> FitResult:
         return _evidence_fit(objective, start, free, solver, max_steps, progress, covariance)
