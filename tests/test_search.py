@@ -76,6 +76,48 @@ def test_search_finds_the_minimum_a_local_fit_misses(objective):
     assert lo[0] >= 0.4 and hi[0] <= 1.6  # theta_E from 0.5 to 2 x the start's 0.8
 
 
+def test_refined_starts_are_the_best_half_and_the_best_of_other_basins():
+    from equilens.solve._search import BASIN_THETA_E, _refine_choice
+
+    values = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, np.nan])
+    # the best four polished starts in one basin (theta_E 1.00-1.01), two in another
+    theta = np.array([1.0, 1.005, 1.01, 1.0, 1.3, 1.31, 1.6])
+    assert list(_refine_choice(values, theta, 4)) == [0, 1, 4, 2]
+    # three basins: one start of each after the best half
+    theta3 = np.array([1.0, 1.0, 1.0, 0.8, 1.3, 1.0, 1.0])
+    assert list(_refine_choice(values, theta3, 4)) == [0, 1, 3, 4]
+    # radii within BASIN_THETA_E are one basin; without radii, the best by value
+    near = np.array([1.0, 1.0, 1.0, 1.0, 1.0 + 0.9 * BASIN_THETA_E, 1.0, 1.0])
+    assert list(_refine_choice(values, near, 4)) == [0, 1, 2, 3]
+    assert list(_refine_choice(values, None, 4)) == [0, 1, 2, 3]
+    assert list(_refine_choice(values, theta, 1)) == [0]
+
+
+def test_search_summary_says_why_a_lower_minimum_was_not_chosen(objective):
+    from equilens.solve import Search, pick
+
+    starts = jax.tree.map(lambda *v: jnp.stack(v), _start(0.9), _start(1.0), _start(1.1))
+    refined = el.fit_batch(objective, starts, "lm", max_steps=2, covariance=False)
+    # the chosen one (index 1), one 12.3 above it, one 40 below it at a bound
+    refined = eqx.tree_at(lambda r: r.value, refined, jnp.asarray([-40.0, 0.0, 12.3]))
+    notes = (("mass.components[0].e1 = 0.6 is at its bound (-0.6, 0.6)",), (), ())
+    found = Search(
+        best=pick(refined, 1),
+        refined=refined,
+        notes=notes,
+        names=("mass.components[0].theta_E",),
+        screen_points=np.zeros((3, 1)),
+        screen_values=np.zeros(3),
+        refined_index=np.arange(3),
+        best_index=1,
+        wall_time=0.0,
+    )
+    text = found.summary()
+    assert "1 of 3 reached the chosen minimum" in text
+    assert "other minima (objective minus the chosen one's): -40.0 (implausible: " in text
+    assert "at its bound (-0.6, 0.6)), +12.3" in text
+
+
 def test_lens_search_space_covers_mass_shear_and_source():
     space = lens_search_space(_start(), theta_E=(0.5, 2.0))
     ranges = list(space.values())

@@ -105,7 +105,8 @@ def fit_lens(
        where its mass maps the arcs (`arc_placement`: the pixels of the data minus the
        stage-1 lens light above 3 sigma, PSF-matched; without such pixels the source
        position is searched too); 32 of them, spread over the space, polished by 15
-       steps, the best `n_refine` refined together; the best plausible minimum kept. The
+       steps, `n_refine` of them refined together (the best half, and the best of other
+       Einstein radii: `search`); the best plausible minimum kept. The
        search's model images are evaluated at `search_supersampling` (default: 1, one
        point per pixel, when the PSF is given at the data's resolution; else the
        dataset's own): it only has to find the basin, and each of its steps costs

@@ -244,7 +244,8 @@ class Search:
     def summary(self, tolerance: float = 1.0) -> str:
         """How the chosen minimum compares with the others: how many refined starts reached
         it (objective within `tolerance`, i.e. a chi2 within 2 x `tolerance`), the
-        distinct other minima and how much worse each is."""
+        distinct other minima and how much worse each is (a lower one is implausible, and
+        says why)."""
         values = np.asarray(self.refined.value, dtype=float)
         ok = np.asarray(self.refined.result._value) == _code(RESULTS.successful)  # pyright: ignore
         best = float(values[self.best_index])
@@ -254,16 +255,27 @@ class Search:
             if self.polished_values is None
             else f"the best {len(self.polished_values)} polished, "
         )
+        # (after polishing, the refined are the best half and the best of other basins)
+        best_of = "the best " if self.polished_values is None else ""
         lines = [
-            f"search: {len(self.screen_values)} starts screened, {polished}the best "
+            f"search: {len(self.screen_values)} starts screened, {polished}{best_of}"
             f"{len(values)} refined ({self.refined.solver}); {same} of {len(values)} reached "
             f"the chosen minimum (objective {best:.2f}) within the refinement steps, "
             f"{int(ok.sum())} converged"
         ]
         others = sorted({round(float(v), 1) for v in values if abs(v - best) > tolerance})
         if others:
-            gaps = ", ".join(f"+{v - best:.1f}" for v in others[:5])
-            lines.append(f"  other minima (objective above the chosen one): {gaps}")
+            # a lower one is implausible (the chosen is the lowest plausible): say why
+            why = {
+                round(float(v), 1): "; ".join(n)
+                for v, n in zip(values, self.notes, strict=True)
+                if n and v < best
+            }
+            gaps = ", ".join(
+                f"{v - best:+.1f}" + (f" (implausible: {why[v]})" if v in why else "")
+                for v in others[:5]
+            )
+            lines.append(f"  other minima (objective minus the chosen one's): {gaps}")
         return "\n".join(lines)
 
 
@@ -340,8 +352,11 @@ def search(
        met; a few steps tell the basins apart: on a lenstronomy-simulated lens the true
        minimum's start ranked 21st in the screen, and the best 4 screened starts all
        refined into a trap 480 worse in chi2 / 2, while after 15 steps the best 8 of 32
-       polished starts all lay in the true basin); the `n_refine` best polished are
-       fitted on for up to `refine_steps` steps
+       polished starts all lay in the true basin); `n_refine` polished starts are
+       fitted on for up to `refine_steps` steps: the best half, and for each other place
+       the best one in another basin (an Einstein radius more than `BASIN_THETA_E` from
+       each one picked; else the best left), so that the refined fits do not all end in
+       one basin while another, ranked lower after the polishing, ends lower
        (`fit_batch` with `solver`, `free`, `bounds`; the batch runs until its slowest
        member stops, so a few hundred steps of hopeless starts cost as much as the rest).
        Polishing and refining are `fit_batch` calls (`route`: on a CPU one compiled fit
@@ -400,7 +415,7 @@ def search(
             route=route,
         )
         polished_values = np.asarray(polished.value, dtype=float)
-        keep = np.argsort(np.nan_to_num(polished_values, nan=np.inf), kind="stable")[:n_refine]
+        keep = _refine_choice(polished_values, _theta_e_of(polished.model), n_refine)
         starts = jtu.tree_map(lambda x: x[keep] if eqx.is_array(x) else x, polished.model)
         order = order[keep]
     else:
@@ -476,6 +491,49 @@ def _starts(model: PyTree[Any], wheres: tuple[Where, ...], points: Float[Array, 
     """`_start` at each row of `points`, batched along a leading axis (compiled: the
     placement's ray tracing run eagerly costs a program per operation)."""
     return jax.vmap(lambda p: _start(model, wheres, p, prepare))(points)
+
+
+#: Two polished starts lie in different basins of the search when their Einstein radii
+#: differ by more than this fraction (`_refine_choice`).
+BASIN_THETA_E = 0.02
+
+
+def _theta_e_of(models: Any) -> np.ndarray | None:
+    """The first mass component's Einstein radius of each of a batch of models, or None
+    for a model without one (the refinement then goes by the objective alone)."""
+    if not isinstance(models, LensSystem):
+        return None
+    try:
+        _, first = first_mass(models)
+    except ValueError:
+        return None
+    return np.atleast_1d(np.asarray(first.theta_E, dtype=float))
+
+
+def _refine_choice(values: np.ndarray, theta_e: np.ndarray | None, n: int) -> np.ndarray:
+    """Indices of the `n` polished starts to refine: the best half by `values` (at least
+    one), then, for each other place, the best start whose Einstein radius `theta_e`
+    differs by more than `BASIN_THETA_E` from every one picked (another basin: a
+    mass that maps the arcs as other images of the source), else the best left. All `n`
+    best polished starts can lie in one basin while the true minimum's basin, ranked
+    lower after the few polishing steps, would have ended lower: refining one start of
+    it finds it (or shows it is not lower, for `with_rival_minima` to weigh)."""
+    order = [int(i) for i in np.argsort(np.nan_to_num(values, nan=np.inf), kind="stable")]
+    picked = order[: max(n // 2, 1)]
+    while len(picked) < min(n, len(order)):
+        rest = [i for i in order if i not in picked]
+        apart = (
+            []
+            if theta_e is None
+            else [
+                i
+                for i in rest
+                if np.isfinite(values[i])
+                and all(abs(theta_e[i] / theta_e[j] - 1.0) > BASIN_THETA_E for j in picked)
+            ]
+        )
+        picked.append((apart or rest)[0])
+    return np.asarray(picked)
 
 
 def _diverse_best(values: np.ndarray, unit: np.ndarray, n: int, separation: float) -> np.ndarray:
