@@ -51,7 +51,7 @@ def test_search_finds_the_minimum_a_local_fit_misses(objective):
     wrong sign, reduced chi2 1.12); the search's screened and refined starts find the truth."""
     local = el.fit(objective, _start(), "lm", throw=False)
     assert float(local.model.mass.components[0].e1) < 0  # the trap (truth: +0.1)
-    found = el.search(objective, _start(), n_screen=128, n_refine=4)
+    found = el.search(objective, _start(), n_screen=128, n_refine=4, n_other=1)
     lo_hi = np.array(list(lens_search_space(_start()).values())).T
     best = found.best
     assert best.success, best.message()
@@ -69,28 +69,32 @@ def test_search_finds_the_minimum_a_local_fit_misses(objective):
     gaps = [np.sqrt(np.mean((unit[a] - unit[b]) ** 2)) for a in idx for b in idx if a < b]
     assert min(gaps) >= 0.15
     assert found.names[0] == "mass.components[0].theta_E"
-    assert np.asarray(found.refined.value).shape == (4,)
+    # the best of the 4 best polished; one more refined from another basin when any
+    # polished start has an Einstein radius 2% from theirs (`with_rival_minima`'s)
+    assert found.best_index < 4 and found.other_basins in (0, 1)
+    assert np.asarray(found.refined.value).shape == (4 + found.other_basins,)
     text = found.summary()
     assert "128 starts screened" in text and "reached the chosen minimum" in text
     lo, hi = np.min(found.screen_points, 0), np.max(found.screen_points, 0)
     assert lo[0] >= 0.4 and hi[0] <= 1.6  # theta_E from 0.5 to 2 x the start's 0.8
 
 
-def test_refined_starts_are_the_best_half_and_the_best_of_other_basins():
+def test_refined_starts_are_the_best_and_the_best_of_other_basins():
     from equilens.solve._search import BASIN_THETA_E, _refine_choice
 
     values = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, np.nan])
     # the best four polished starts in one basin (theta_E 1.00-1.01), two in another
     theta = np.array([1.0, 1.005, 1.01, 1.0, 1.3, 1.31, 1.6])
-    assert list(_refine_choice(values, theta, 4)) == [0, 1, 4, 2]
-    # three basins: one start of each after the best half
+    assert list(_refine_choice(values, theta, 4)) == [0, 1, 2, 3]
+    assert list(_refine_choice(values, theta, 4, 2)) == [0, 1, 2, 3, 4]  # (6 is NaN)
+    assert list(_refine_choice(values, theta, 2, 1)) == [0, 1, 4]
+    # three basins: one start of each other basin, best first
     theta3 = np.array([1.0, 1.0, 1.0, 0.8, 1.3, 1.0, 1.0])
-    assert list(_refine_choice(values, theta3, 4)) == [0, 1, 3, 4]
-    # radii within BASIN_THETA_E are one basin; without radii, the best by value
+    assert list(_refine_choice(values, theta3, 2, 2)) == [0, 1, 3, 4]
+    # radii within BASIN_THETA_E are one basin; without radii, the best by value only
     near = np.array([1.0, 1.0, 1.0, 1.0, 1.0 + 0.9 * BASIN_THETA_E, 1.0, 1.0])
-    assert list(_refine_choice(values, near, 4)) == [0, 1, 2, 3]
-    assert list(_refine_choice(values, None, 4)) == [0, 1, 2, 3]
-    assert list(_refine_choice(values, theta, 1)) == [0]
+    assert list(_refine_choice(values, near, 4, 2)) == [0, 1, 2, 3]
+    assert list(_refine_choice(values, None, 4, 2)) == [0, 1, 2, 3]
 
 
 def test_search_summary_says_why_a_lower_minimum_was_not_chosen(objective):
@@ -111,8 +115,11 @@ def test_search_summary_says_why_a_lower_minimum_was_not_chosen(objective):
         refined_index=np.arange(3),
         best_index=1,
         wall_time=0.0,
+        polished_values=np.zeros(8),
+        other_basins=1,
     )
     text = found.summary()
+    assert "8 polished, the best 2 and 1 of other Einstein radii refined (lm)" in text
     assert "1 of 3 reached the chosen minimum" in text
     assert "other minima (objective minus the chosen one's): -40.0 (implausible: " in text
     assert "at its bound (-0.6, 0.6)), +12.3" in text
@@ -177,6 +184,8 @@ def test_arc_placement_puts_the_source_where_the_mass_maps_the_arcs(objective):
 def test_search_rejects_bad_arguments(objective):
     with pytest.raises(ValueError, match="n_refine"):
         el.search(objective, _start(), n_screen=4, n_refine=8)
+    with pytest.raises(ValueError, match="n_other"):
+        el.search(objective, _start(), n_other=-1)
     with pytest.raises(ValueError, match="empty"):
         el.search(objective, _start(), {})
     with pytest.raises(ValueError, match="lower < upper"):

@@ -88,6 +88,7 @@ def fit_lens(
     max_steps: int = 300,
     n_screen: int = 512,
     n_refine: int = 4,
+    n_other: int = 2,
     positions: Any = None,
     positions_sigma: float | None = None,
     log: Callable[[str], None] | None = print,
@@ -105,8 +106,9 @@ def fit_lens(
        where its mass maps the arcs (`arc_placement`: the pixels of the data minus the
        stage-1 lens light above 3 sigma, PSF-matched; without such pixels the source
        position is searched too); 32 of them, spread over the space, polished by 15
-       steps, `n_refine` of them refined together (the best half, and the best of other
-       Einstein radii: `search`); the best plausible minimum kept. The
+       steps, the best `n_refine` refined together with up to `n_other` more, each the
+       best of another Einstein radius (candidates for stage 3's rival check); the best
+       plausible minimum of the `n_refine` kept. The
        search's model images are evaluated at `search_supersampling` (default: 1, one
        point per pixel, when the PSF is given at the data's resolution; else the
        dataset's own): it only has to find the basin, and each of its steps costs
@@ -177,6 +179,7 @@ def fit_lens(
         space,
         n_screen=n_screen,
         n_refine=n_refine,
+        n_other=n_other,
         solver=solver,
         free=select(model, lambda s: (s.mass, s.source)),
         bounds=bounds,

@@ -228,6 +228,9 @@ class Search:
     - `best_index`: index of `best` in `refined`; `wall_time`: seconds, compile included.
     - `polished_values`: the objective of each polished start after `polish_steps`
       (None when none were polished).
+    - `other_basins`: how many of the refined starts, the last ones, were refined from
+      other basins (`search`'s `n_other`): candidates for `with_rival_minima`, never
+      chosen as `best`.
     """
 
     best: FitResult
@@ -240,6 +243,7 @@ class Search:
     best_index: int
     wall_time: float
     polished_values: np.ndarray | None = None
+    other_basins: int = 0
 
     def summary(self, tolerance: float = 1.0) -> str:
         """How the chosen minimum compares with the others: how many refined starts reached
@@ -255,11 +259,11 @@ class Search:
             if self.polished_values is None
             else f"the best {len(self.polished_values)} polished, "
         )
-        # (after polishing, the refined are the best half and the best of other basins)
-        best_of = "the best " if self.polished_values is None else ""
+        extra = f" and {self.other_basins} of other Einstein radii" if self.other_basins else ""
         lines = [
-            f"search: {len(self.screen_values)} starts screened, {polished}{best_of}"
-            f"{len(values)} refined ({self.refined.solver}); {same} of {len(values)} reached "
+            f"search: {len(self.screen_values)} starts screened, {polished}the best "
+            f"{len(values) - self.other_basins}{extra} refined ({self.refined.solver}); "
+            f"{same} of {len(values)} reached "
             f"the chosen minimum (objective {best:.2f}) within the refinement steps, "
             f"{int(ok.sum())} converged"
         ]
@@ -320,6 +324,7 @@ def search(
     *,
     n_screen: int = 512,
     n_refine: int = 8,
+    n_other: int = 0,
     solver: SolverLike = "lm",
     free: PyTree[bool] | Callable[[Any], bool] | None = None,
     bounds: Mapping[Where, Bounds] | None = None,
@@ -352,11 +357,10 @@ def search(
        met; a few steps tell the basins apart: on a lenstronomy-simulated lens the true
        minimum's start ranked 21st in the screen, and the best 4 screened starts all
        refined into a trap 480 worse in chi2 / 2, while after 15 steps the best 8 of 32
-       polished starts all lay in the true basin); `n_refine` polished starts are
-       fitted on for up to `refine_steps` steps: the best half, and for each other place
-       the best one in another basin (an Einstein radius more than `BASIN_THETA_E` from
-       each one picked; else the best left), so that the refined fits do not all end in
-       one basin while another, ranked lower after the polishing, ends lower
+       polished starts all lay in the true basin); the `n_refine` best polished, and up
+       to `n_other` more, each the best one of another basin (an Einstein radius more
+       than `BASIN_THETA_E` from every one picked), are fitted on for up to
+       `refine_steps` steps
        (`fit_batch` with `solver`, `free`, `bounds`; the batch runs until its slowest
        member stops, so a few hundred steps of hopeless starts cost as much as the rest).
        Polishing and refining are `fit_batch` calls (`route`: on a CPU one compiled fit
@@ -365,7 +369,9 @@ def search(
        110x110 image supersampled twice at once: 9 GB). `covariance=False` skips the
        refined fits' covariances (a pipeline that fits on from the best does not need
        them; the polishing and refining then run the same compiled program).
-    3. The result is the refined fit with the lowest objective among those that reached a
+    3. The result is the refined fit with the lowest objective among the `n_refine` best
+       polished (the other basins' fits are candidates for `with_rival_minima`, which
+       `fit_lens` runs: one that ends lower there is chosen) that reached a
        plausible model (`equilens.solve.implausible_notes`: no parameter at a bound, no
        source larger than the data, no Einstein radius beyond it or under two pixels);
        one still descending is finished by `fit` (up to `max_steps` more steps).
@@ -380,6 +386,8 @@ def search(
         raise ValueError(
             f"need n_screen >= 1 and 1 <= n_refine <= n_screen, got {n_screen}, {n_refine}"
         )
+    if n_other < 0:
+        raise ValueError(f"n_other must be >= 0, got {n_other}")
     if n_polish < 0 or polish_steps < 0:
         raise ValueError(f"n_polish and polish_steps must be >= 0, got {n_polish}, {polish_steps}")
     if space is None:
@@ -415,7 +423,7 @@ def search(
             route=route,
         )
         polished_values = np.asarray(polished.value, dtype=float)
-        keep = _refine_choice(polished_values, _theta_e_of(polished.model), n_refine)
+        keep = _refine_choice(polished_values, _theta_e_of(polished.model), n_refine, n_other)
         starts = jtu.tree_map(lambda x: x[keep] if eqx.is_array(x) else x, polished.model)
         order = order[keep]
     else:
@@ -432,18 +440,22 @@ def search(
         covariance=covariance,
         route=route,
     )
+    n_fitted = int(np.size(refined.value))
     notes = tuple(
         implausible_notes(objective, pick(refined, i).model, free=free, bounds=bounds)
-        for i in range(n_refine)
+        for i in range(n_fitted)
     )
     final = np.asarray(refined.value, dtype=float)
     codes = np.asarray(refined.result._value)  # pyright: ignore[reportAttributeAccessIssue]
     # a start still descending after refine_steps may be the best: it is finished below
     usable = np.isin(codes, [_code(RESULTS.successful), _code(RESULTS.nonlinear_max_steps_reached)])
     good = usable & np.array([not n for n in notes]) & np.isfinite(final)
-    pool = np.where(good, final, np.inf)
+    # the best is chosen among the n_refine best polished; the other basins' starts after
+    # them are candidates for `with_rival_minima` only
+    choosable = np.arange(n_fitted) < min(n_refine, n_fitted)
+    pool = np.where(good & choosable, final, np.inf)
     if not np.isfinite(pool).any():
-        pool = np.nan_to_num(final, nan=np.inf)
+        pool = np.where(choosable, np.nan_to_num(final, nan=np.inf), np.inf)
     k = int(np.argmin(pool))
     best = with_plausibility(pick(refined, k), notes[k])
     if codes[k] == _code(RESULTS.nonlinear_max_steps_reached):
@@ -468,6 +480,7 @@ def search(
         best_index=k,
         wall_time=time.perf_counter() - t0,
         polished_values=polished_values,
+        other_basins=n_fitted - int(np.sum(choosable)),
     )
 
 
@@ -510,29 +523,30 @@ def _theta_e_of(models: Any) -> np.ndarray | None:
     return np.atleast_1d(np.asarray(first.theta_E, dtype=float))
 
 
-def _refine_choice(values: np.ndarray, theta_e: np.ndarray | None, n: int) -> np.ndarray:
-    """Indices of the `n` polished starts to refine: the best half by `values` (at least
-    one), then, for each other place, the best start whose Einstein radius `theta_e`
-    differs by more than `BASIN_THETA_E` from every one picked (another basin: a
-    mass that maps the arcs as other images of the source), else the best left. All `n`
-    best polished starts can lie in one basin while the true minimum's basin, ranked
-    lower after the few polishing steps, would have ended lower: refining one start of
-    it finds it (or shows it is not lower, for `with_rival_minima` to weigh)."""
+def _refine_choice(
+    values: np.ndarray, theta_e: np.ndarray | None, n: int, n_other: int = 0
+) -> np.ndarray:
+    """Indices of the polished starts to refine: the `n` best by `values`, then up to
+    `n_other` more, each the best start whose Einstein radius `theta_e` differs by more
+    than `BASIN_THETA_E` from every one picked (another basin: e.g. a mass that maps the
+    arcs as other images of the source). The best few polished starts often lie in one
+    basin while another, ranked lower after the few polishing steps, would end about as
+    low or lower: refining one start of it lets `with_rival_minima` weigh it."""
     order = [int(i) for i in np.argsort(np.nan_to_num(values, nan=np.inf), kind="stable")]
-    picked = order[: max(n // 2, 1)]
-    while len(picked) < min(n, len(order)):
-        rest = [i for i in order if i not in picked]
-        apart = (
-            []
-            if theta_e is None
-            else [
-                i
-                for i in rest
-                if np.isfinite(values[i])
-                and all(abs(theta_e[i] / theta_e[j] - 1.0) > BASIN_THETA_E for j in picked)
-            ]
-        )
-        picked.append((apart or rest)[0])
+    picked = order[:n]
+    if theta_e is None:
+        return np.asarray(picked)
+    for _ in range(n_other):
+        apart = [
+            i
+            for i in order
+            if i not in picked
+            and np.isfinite(values[i])
+            and all(abs(theta_e[i] / theta_e[j] - 1.0) > BASIN_THETA_E for j in picked)
+        ]
+        if not apart:
+            break
+        picked.append(apart[0])
     return np.asarray(picked)
 
 
