@@ -227,8 +227,8 @@ def fit_pixelized(
 
     Returns the `FitResult` of the last kept stage (solved source and amplitudes filled
     in), its `Inversion` (the source's 1-sigma errors included), and one record per stage
-    (`{"stage": name, "log_evidence": value, "status": words, "theta_E": arcsec}`, the
-    first mass component's Einstein radius where it has one)."""
+    (`{"stage": name, "log_evidence": value, "status": words, "num_steps": n, "theta_E":
+    arcsec}`, the last the first mass component's Einstein radius where it has one)."""
     t0 = time.perf_counter()
     say = log or (lambda _: None)
     if not isinstance(model.source, PixelizedSource):
@@ -402,7 +402,8 @@ def fit_multiband_pixelized(
 
     Returns the `FitResult` of the last stage (every band's source solved), each band's
     `Inversion` (source errors included), and one record per stage (`{"stage", "log_evidence"
-    (the sum over bands), "band_log_evidence", "status"}`)."""
+    (the sum over bands), "band_log_evidence", "status", "theta_E"}`, the last the first mass
+    component's Einstein radius where it has one)."""
     t0 = time.perf_counter()
     say = log or (lambda _: None)
     if not isinstance(data, MultiBandImaging):
