@@ -195,6 +195,37 @@ def test_search_rejects_bad_arguments(objective):
 
 
 @pytest.mark.precision_independent
+def test_lens_bounds_hold_the_mass_at_its_light_and_the_shear_small():
+    """`lens_bounds`: the Einstein radius and the source size by the mask radius, every mass
+    centre within +-MASS_CENTER_RANGE of the lens light's centre (none without a lens
+    light), the shear within +-SHEAR_BOUND; `_mass_at_light` moves the mass centre to the
+    light's, so the bounds hold the start."""
+    from equilens.solve._pipeline import MASS_CENTER_RANGE, SHEAR_BOUND, _mass_at_light
+
+    lit = el.LensSystem(
+        mass=mass.SIE(theta_E=1.0, center_x=0.3) + mass.ExternalShear(0.0, 0.0),
+        source=light.Sersic(1.0, 0.2, 1.0),
+        lens_light=light.Sersic(1.0, 0.5, 4.0, center_x=0.1, center_y=-0.2),
+    )
+    bounds = el.solve.lens_bounds(lit, 2.0)
+    by_value = {float(w(lit)): b for w, b in bounds.items()}
+    r = MASS_CENTER_RANGE
+    assert by_value[0.3] == pytest.approx((0.1 - r, 0.1 + r))  # mass centre_x
+    assert by_value[1.0] == pytest.approx((0.04, 2.0))  # theta_E
+    assert by_value[0.2] == pytest.approx((0.0, 1.0))  # source R_sersic
+    assert list(bounds.values()).count((-SHEAR_BOUND, SHEAR_BOUND)) == 2
+    assert len(bounds) == 6  # theta_E, centre x and y, gamma1 and gamma2, R_sersic
+    moved = _mass_at_light(lit)
+    centre = moved.mass.components[0]  # pyright: ignore[reportAttributeAccessIssue]
+    assert (float(centre.center_x), float(centre.center_y)) == pytest.approx((0.1, -0.2))
+    for where, (lo, hi) in el.solve.lens_bounds(moved, 2.0).items():
+        assert lo <= float(where(moved)) <= hi
+    dark = el.LensSystem(mass=mass.SIE(theta_E=1.0), source=light.Sersic(1.0, 0.2, 1.0))
+    assert len(el.solve.lens_bounds(dark, 2.0)) == 2  # no light: the mass centre is free
+    assert _mass_at_light(dark) is dark
+
+
+@pytest.mark.precision_independent
 def test_implausible_notes_name_each_reason(objective):
     runaway = el.LensSystem(
         mass=mass.SIE(theta_E=1.0, e1=0.5995) + mass.ExternalShear(0.0, 0.0),

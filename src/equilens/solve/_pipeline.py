@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float
 
@@ -14,6 +15,7 @@ from .._multiband import MultiBandLensSystem
 from ..data import Imaging, MultiBandImaging
 from ..lensing import image_positions
 from ..light import LightSum
+from ..mass import ExternalShear, MassSum
 from ..objective import Objective, select
 from ..terms import (
     GaussianLikelihood,
@@ -36,15 +38,38 @@ THETA_E_BOUNDS = (0.02, 1.0)
 SOURCE_SIZE_BOUND = 0.5
 
 
+#: How far (arcsec, in x and in y) a mass centre may lie from the lens light's centre.
+MASS_CENTER_RANGE = 0.2
+#: The largest external shear component (`gamma1`, `gamma2`) `fit_lens` fits.
+SHEAR_BOUND = 0.25
+
+
 def lens_bounds(model: LensSystem, mask_radius: float) -> dict[Any, tuple[float, float]]:
     """The physical bounds `fit_lens` fits within: the Einstein radius of the first mass
-    component within `THETA_E_BOUNDS` x `mask_radius`, and every parametric source
-    component's size below `SOURCE_SIZE_BOUND` x `mask_radius` (a source that runs off to
-    a huge, diffuse blob then ends at a bound, which `implausible_notes` reports)."""
+    component within `THETA_E_BOUNDS` x `mask_radius`; every mass centre within
+    +-`MASS_CENTER_RANGE` (arcsec) of the centre of `model`'s lens light (its first
+    component's, when it has one: the mass of a galaxy lies where its light is, and a
+    fit that moves it further away has found a minimum of the arcs alone); every
+    `ExternalShear`'s `gamma1`, `gamma2` within +-`SHEAR_BOUND`; and every parametric
+    source component's size below `SOURCE_SIZE_BOUND` x `mask_radius` (a source that runs
+    off to a huge, diffuse blob then ends at a bound). A fit that ends at any of these
+    bounds is reported `implausible` (`implausible_notes`). Call it with the lens light
+    fitted: the mass centre's bounds follow the light's centre as `model` has it."""
     te = _einstein_radius_where(model)
     out: dict[Any, tuple[float, float]] = {
         te: (THETA_E_BOUNDS[0] * mask_radius, THETA_E_BOUNDS[1] * mask_radius)
     }
+    light = _light_center(model)
+    masses = model.mass.components if isinstance(model.mass, MassSum) else (model.mass,)
+    for i, c in enumerate(masses):
+        at = (lambda s: s.mass) if len(masses) == 1 else (lambda s, i=i: s.mass.components[i])
+        if isinstance(c, ExternalShear):
+            for name in ("gamma1", "gamma2"):
+                out[lambda s, at=at, n=name: getattr(at(s), n)] = (-SHEAR_BOUND, SHEAR_BOUND)
+        elif light is not None and has_field(c, "center_x") and has_field(c, "center_y"):
+            for name, v in zip(("center_x", "center_y"), light, strict=True):
+                r = MASS_CENTER_RANGE
+                out[lambda s, at=at, n=name: getattr(at(s), n)] = (v - r, v + r)
     size_hi = SOURCE_SIZE_BOUND * mask_radius
     comps = model.source.components if isinstance(model.source, LightSum) else None
     for i, c in enumerate(comps if comps is not None else (model.source,)):
@@ -123,8 +148,9 @@ def fit_lens(
     Profiles are named as in `start_model` (`"sie+shear"`, `"mge"`, `"sersic"`, ...); every
     starting value comes from the data (`light_moments`); the amplitudes are solved
     linearly and constrained to be positive (`GaussianLikelihood(nonnegative=True)`);
-    `lens_bounds` keeps the Einstein radius inside the data and the source
-    compact. A result at a bound or otherwise implausible has the status
+    `lens_bounds` keeps the Einstein radius inside the data, the source compact, the
+    mass centred within `MASS_CENTER_RANGE` of the stage-1 lens light's centre (where
+    stages 2 and 3 start it) and the shear within `SHEAR_BOUND`. A result at a bound or otherwise implausible has the status
     `RESULTS.implausible` with the reasons in `notes`. `positions` (an `(n, 2)` array of
     `x, y` in arcsec, n >= 2) are the observed positions of the multiple images of one
     source point: they add a `PositionsTerm` (source plane, 1-sigma `positions_sigma`,
@@ -146,7 +172,6 @@ def fit_lens(
     searched = _search_objective(objective, imaging, search_supersampling)
     model = start_model(imaging, mass, lens_light, source)
     radius = light_moments(imaging).mask_radius
-    bounds = lens_bounds(model, radius)
     if lens_light is not None:
         r = fit(
             objective,
@@ -165,6 +190,8 @@ def fit_lens(
         model = r.model
         if on_stage is not None:
             on_stage("lens light", r)
+    model = _mass_at_light(model)
+    bounds = lens_bounds(model, radius)  # the mass centre's around the fitted light's
     placement = arc_placement(imaging, model) if _source_at(model) is not None else None
     if placement is not None:
         say(f"  arcs: {placement.x.size} pixels above 3 sigma place the source of each start")
@@ -310,6 +337,39 @@ def fit_multiband(
     if on_stage is not None:
         on_stage("joint", r)
     return r
+
+
+def _mass_at_light(model: LensSystem) -> LensSystem:
+    """`model` with every mass centre moved to its lens light's (`_light_center`;
+    unchanged without one): where `lens_bounds` centres the mass centre's range."""
+    light = _light_center(model)
+    if light is None:
+        return model
+    masses = model.mass.components if isinstance(model.mass, MassSum) else (model.mass,)
+    for i, c in enumerate(masses):
+        if isinstance(c, ExternalShear) or not (
+            has_field(c, "center_x") and has_field(c, "center_y")
+        ):
+            continue
+        at = (lambda s: s.mass) if len(masses) == 1 else (lambda s, i=i: s.mass.components[i])
+        model = eqx.tree_at(
+            lambda s, at=at: (at(s).center_x, at(s).center_y),
+            model,
+            tuple(jnp.asarray(v, dtype=jnp.asarray(c.center_x).dtype) for v in light),  # pyright: ignore[reportAttributeAccessIssue]
+        )
+    return model
+
+
+def _light_center(model: LensSystem) -> tuple[float, float] | None:
+    """The centre (arcsec) of the first component of `model`'s lens light that has one,
+    or None (no lens light, or none with a centre)."""
+    if model.lens_light is None:
+        return None
+    light = model.lens_light
+    for c in light.components if isinstance(light, LightSum) else (light,):
+        if has_field(c, "center_x") and has_field(c, "center_y"):
+            return float(c.center_x), float(c.center_y)  # pyright: ignore[reportAttributeAccessIssue]
+    return None
 
 
 def _einstein_radius_where(model: LensSystem) -> Callable[[LensSystem], Any]:
