@@ -220,6 +220,10 @@ def test_lens_bounds_hold_the_mass_at_its_light_and_the_shear_small():
     assert (float(centre.center_x), float(centre.center_y)) == pytest.approx((0.1, -0.2))
     for where, (lo, hi) in el.solve.lens_bounds(moved, 2.0).items():
         assert lo <= float(where(moved)) <= hi
+    # around another centre (stage 3's, the light since moved), or a range that would
+    # leave out the model's own mass centre, widened just enough to hold it
+    there = el.solve.lens_bounds(lit, 2.0, center=(0.0, 0.0))
+    assert {float(w(lit)): b for w, b in there.items()}[0.3] == pytest.approx((-r, 0.3 + 0.05 * r))
     dark = el.LensSystem(mass=mass.SIE(theta_E=1.0), source=light.Sersic(1.0, 0.2, 1.0))
     assert len(el.solve.lens_bounds(dark, 2.0)) == 2  # no light: the mass centre is free
     assert _mass_at_light(dark) is dark
@@ -394,3 +398,56 @@ def test_fixed_light_is_neither_solved_nor_fitted():
     assert sum(jax.tree.leaves(direct)) == 1
     x, y = jnp.array([0.1, 0.5]), jnp.array([0.0, -0.3])
     assert np.allclose(system.lens_light.intensity(x, y), mge.intensity(x, y))  # pyright: ignore
+
+
+@pytest.mark.slow  # four fits (about 30 s)
+@pytest.mark.ci
+@pytest.mark.x64_only
+def test_second_source_component_is_kept_only_when_the_data_ask_for_it():
+    """`fit_lens`'s stage 4 (`_with_second_source`): on a source of a core and a clump,
+    one Sersic leaves the clump in the residuals; the second component is kept, lowers
+    chi2 by more than the BIC penalty and brings theta_E closer; on a one-Sersic source
+    the second one gains less than its penalty and the stage-3 result is returned as is."""
+    from equilens.solve._pipeline import SECOND_SOURCE_PENALTY, _with_second_source
+
+    truth = el.LensSystem(
+        mass=mass.SIE(theta_E=1.0, e1=0.1, e2=-0.05) + mass.ExternalShear(0.03, 0.0),
+        source=light.Sersic(amp=8.0, R_sersic=0.12, n_sersic=1.0, center_x=0.05)
+        + light.Sersic(amp=30.0, R_sersic=0.04, n_sersic=1.0, center_x=-0.1, center_y=0.12),
+    )
+
+    def stage3(system):
+        data = el.simulate(
+            jax.random.key(1),
+            system,
+            GRID,
+            PSF,
+            exposure_time=1500.0,
+            sky_level=0.5,
+            mask=GRID.circular_mask(1.4),
+        )
+        objective = el.Objective(el.GaussianLikelihood(data, nonnegative=True))
+        start = el.LensSystem(mass=system.mass, source=light.Sersic(1.0, 0.1, 1.0, center_x=0.02))
+        bounds = el.solve.lens_bounds(start, 1.4)
+        return data, objective, el.fit(objective, start, "lm", bounds=bounds, throw=False)
+
+    data, objective, r = stage3(truth)
+    said = []
+    kept = _with_second_source(
+        data, objective, r, 1.4, solver="lm", max_steps=300, progress=False, say=said.append
+    )
+    assert isinstance(kept.model.source, light.LightSum)
+    penalty = SECOND_SOURCE_PENALTY * 7 * np.log(r.n_data)
+    assert float(r.chi2) - float(kept.chi2) > penalty
+    te = lambda res: float(res.model.mass.components[0].theta_E)
+    assert abs(te(kept) - 1.0) < abs(te(r) - 1.0)
+    assert "kept" in said[-1] and "not kept" not in said[-1]
+
+    single = eqx.tree_at(lambda s: s.source, truth, truth.source.components[0])
+    data, objective, r = stage3(single)
+    said = []
+    same = _with_second_source(
+        data, objective, r, 1.4, solver="lm", max_steps=300, progress=False, say=said.append
+    )
+    assert same is r
+    assert "not kept" in said[-1]

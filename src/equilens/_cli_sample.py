@@ -292,6 +292,7 @@ def _fit_one(
         positions_sigma=positions_sigma,
         progress=progress,
         on_stage=None if partial is None else partial.keep,
+        second_source=pix_mesh is None,
     )
     if pix_mesh is None:
         terms: list = [GaussianLikelihood(imaging, nonnegative=True)]
@@ -358,6 +359,7 @@ def _fit_bands(
         positions_sigma=positions_sigma,
         progress=progress,
         on_stage=None if partial is None else partial.keep,
+        second_source=pix_mesh is None,
     )
     first = data.bands[0]
     if pix_mesh is None:

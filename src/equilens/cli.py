@@ -7,9 +7,11 @@ amplitudes, 3" circular mask, 2x2 supersampling, generic start) and writes `demo
 
 `equilens fit IMAGE.fits --noise-map NOISE.fits --psf PSF.fits --pixel-scale 0.05
 [--exclude-mask MASK.fits] [--mask-radius R] --mass sie+shear [--lens-light mge|sersic|none]
---source sersic --json OUT.json` fits a user's data the same way and writes OUT.json and a
-PNG next to it. With `--source pixelized [--mesh rectangular[:NYxNX]|adaptive[:NYxNX]|
-delaunay[:N]] [--regularization constant|curvature|adaptive|matern]
+--source sersic --json OUT.json` fits a user's data the same way (`equilens.solve.fit_lens`:
+a Sersic source that leaves arcs gets a second Sersic when the Bayesian information
+criterion prefers it) and writes OUT.json and a PNG next to it. With `--source pixelized
+[--mesh rectangular[:NYxNX]|adaptive[:NYxNX]|delaunay[:N]]
+[--regularization constant|curvature|adaptive|matern]
 [--regularization-strength L]` the parametric fit is followed by a pixelized-source fit that
 maximises the Bayesian evidence (strength fitted unless given); the JSON adds `log_evidence`
 and the source-plane reconstruction is written as OUT_source.fits (HDU 0 the source in
@@ -329,6 +331,8 @@ def run_fit(
         positions_sigma=positions_sigma,
         progress=progress,
         on_stage=None if partial is None else partial.keep,
+        # the pixelized chain describes the source itself: it starts from one Sersic
+        second_source=source != "pixelized",
     )
     extra = dict(extra or {})
     folder = os.path.dirname(os.path.abspath(json_path))
@@ -455,6 +459,7 @@ def run_fit_multiband(
         positions_sigma=positions_sigma,
         progress=progress,
         on_stage=None if partial is None else partial.keep,
+        second_source=not pixelized,
     )
     folder = os.path.dirname(os.path.abspath(json_path))
     os.makedirs(folder, exist_ok=True)

@@ -173,10 +173,23 @@ def arc_placement(
     over its noise), which finds faint arcs that no single pixel shows. None when fewer
     than `min_pixels` pixels pass, or fewer than five times as many as noise alone would
     pass (no arcs detected)."""
+    lens = jnp.zeros_like(imaging.data) if model.lens_light is None else _lens_image(model, imaging)
+    return residual_placement(imaging, imaging.data - lens, threshold, min_pixels, smooth)
+
+
+def residual_placement(
+    imaging: Imaging,
+    residual: Float[Array, "ny nx"] | Float[np.ndarray, "ny nx"],
+    threshold: float = 3.0,
+    min_pixels: int = 5,
+    smooth: bool = True,
+) -> ArcPlacement | None:
+    """`arc_placement`'s `ArcPlacement` of a given `residual` image (flux per pixel, on
+    `imaging`'s grid): of the data minus a lens light, or minus a whole model, to place a
+    further source component where the light a model misses maps to."""
     if not threshold > 0:
         raise ValueError(f"threshold must be > 0 (in noise sigmas), got {threshold}")
-    lens = jnp.zeros_like(imaging.data) if model.lens_light is None else _lens_image(model, imaging)
-    residual = np.asarray(imaging.data - lens, dtype=float)
+    r = np.asarray(residual, dtype=float)
     inv_var = np.where(np.asarray(imaging.mask), np.asarray(imaging.noise_map, float) ** -2, 0.0)
     if smooth and imaging.psf.supersampling == 1:
         # matched filter: the signal-to-noise of a PSF-shaped source at each pixel, which
@@ -184,11 +197,11 @@ def arc_placement(
         from scipy.signal import fftconvolve
 
         k = np.asarray(imaging.psf.kernel(), dtype=float)
-        num = fftconvolve(residual * inv_var, k[::-1, ::-1], mode="same")
+        num = fftconvolve(r * inv_var, k[::-1, ::-1], mode="same")
         den = np.sqrt(np.maximum(fftconvolve(inv_var, (k * k)[::-1, ::-1], mode="same"), 0))
         snr = np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
     else:
-        snr = residual * np.sqrt(inv_var)
+        snr = r * np.sqrt(inv_var)
     use = np.asarray(imaging.mask) & np.isfinite(snr) & (snr > threshold)
     # pure noise passes the threshold in a fraction sf(threshold) of the pixels: ask for
     # five times that many, so that noise alone gives no placement
