@@ -28,6 +28,7 @@ from ._residuals import with_arc_check, with_band_arc_checks
 from ._result import RESULTS, FitResult
 from ._rivals import with_rival_minima
 from ._search import (
+    _code,
     _source_at,
     arc_placement,
     first_mass,
@@ -308,10 +309,11 @@ def _with_second_source(
     say: Callable[[str], None],
 ) -> FitResult:
     """`fit_lens`'s stage 4, run when stage 3 left arcs in its residuals: a source of one
-    `Sersic` gets a second (three times wider, n = 1, round, at the first's centre: a disc
-    or envelope beside a compact core, as in the `"sersic+sersic"` lens light), and
-    everything is fitted again within `lens_bounds` (the mass centre's range around the
-    lens light as stage 3 left it). The result is kept when it is
+    `Sersic` gets a second (n = 1, round), from two starts (three times wider at the
+    first's centre: a disc or envelope beside a compact core; half as wide where the light
+    stage 3 misses maps to, `residual_placement`: a clump), and everything is fitted again
+    within `lens_bounds` (the mass centre's range around the lens light as stage 3 left
+    it); the better of the two is judged. It is kept when it is
     plausible, not stopped by a failure, and lowers chi2 by more than the Bayesian
     information criterion's penalty for the parameters it adds
     (`SECOND_SOURCE_PENALTY` x ln(pixels) each); else `r` is returned unchanged. A real
@@ -363,10 +365,10 @@ def _with_second_source(
                 progress=progress,
             )
         )
-    late = RESULTS.nonlinear_max_steps_reached
+    late = _code(RESULTS.nonlinear_max_steps_reached)
 
     def usable(t: FitResult) -> bool:
-        stopped = bool(np.asarray(t.result._value) == np.asarray(late._value))  # pyright: ignore[reportAttributeAccessIssue]
+        stopped = bool(_code(t.result) == late)
         return (t.success or stopped) and not t.notes and bool(np.isfinite(float(t.chi2)))
 
     ranked = sorted(trials, key=lambda t: (not usable(t), float(np.nan_to_num(t.chi2, nan=np.inf))))
