@@ -217,6 +217,7 @@ ODD_AS_PSF = {
         # the image passed as its own PSF (same size): refused, by --check too
         (ODD_AS_PSF, "is as large as the image (49x49) (it equals the image)"),
         ({**ODD_AS_PSF, "--check": True}, "is as large as the image"),
+        ({"--power-law": True}, "--power-law is an option of --source pixelized"),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(fits_files, tmp_path, capsys, override, message):
@@ -420,6 +421,23 @@ def test_missing_band_extension_names_the_band(band_file, tmp_path, capsys):
     assert main([*argv, "--json", str(tmp_path / "x.json")]) == 1
     err = capsys.readouterr().err
     assert "band band1:" in err and "no image data in HDU B_FLUX" in err, err
+
+
+def test_check_names_the_power_law_stage_where_it_runs(fits_files, band_file, tmp_path, capsys):
+    out = ["--json", str(tmp_path / "x.json"), "--check"]
+    for override, runs in (
+        ({"--source": "pixelized", "--power-law": True}, True),
+        ({"--source": "pixelized"}, False),  # not by default
+        ({"--source": "pixelized", "--mass": "epl+shear", "--power-law": True}, False),
+    ):
+        assert main([*_args(fits_files, **override), *out]) == 0
+        printed = capsys.readouterr().out
+        assert "pixelized source:" in printed
+        assert ("then the power-law stage" in printed) == runs, (override, printed)
+    # the joint chain of several bands has no such stage: the flag is refused there
+    argv = [*_band_args(band_file), "--band-pixel-scales", "0.06,0.1", "--source", "pixelized"]
+    assert main([*argv, "--power-law", *out]) == 1
+    assert "not --band" in capsys.readouterr().err
 
 
 def test_sample_takes_bands_as_fit_does(band_file, tmp_path, capsys):

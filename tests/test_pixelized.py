@@ -958,9 +958,9 @@ def test_supersampled_grid_matches_numpy():
     assert abs(float(inv.log_evidence) - ref) <= 1e-10 * abs(ref)
 
 
-def _lens_with_light(mask):
+def _lens_with_light(mask, deflector=None):
     truth = el.LensSystem(
-        mass=mass.SIE(theta_E=1.0, e1=0.08, e2=-0.03) + mass.ExternalShear(0.02, 0.01),
+        mass=deflector or mass.SIE(theta_E=1.0, e1=0.08, e2=-0.03) + mass.ExternalShear(0.02, 0.01),
         lens_light=light.Sersic(amp=4.0, R_sersic=0.6, n_sersic=3.0, e1=0.05),
         source=light.Sersic(amp=15.0, R_sersic=0.15, n_sersic=1.0, e1=0.2, center_x=0.03),
     )
@@ -1072,9 +1072,11 @@ def test_pixelized_chain_keeps_a_lens_light_round_only_when_the_evidence_rises()
     assert names[:2] == ["stage 1 (regularization)", "stage 2 (mass)"]
     assert names[2].startswith("stage 3 (lens light beside the source, round 1")
     assert stages[2]["log_evidence"] > stages[1]["log_evidence"] + 50
-    # the kept stage is the last one that raised the evidence
+    # the kept stage is the last one that raised the evidence (refitted once more from its
+    # minimum for its covariance, which may move it by a hair: 1e-8 relative in a fresh
+    # environment of 2026-12-01; the stages differ by more than 1)
     kept = max(s["log_evidence"] for s in stages[1:])
-    assert float(inversion.log_evidence) == pytest.approx(kept, rel=1e-9)
+    assert float(inversion.log_evidence) == pytest.approx(kept, rel=1e-6)
     assert _light_error(imaging, result.model, truth) < _light_error(imaging, start, truth)
     theta = float(result.model.mass.components[0].theta_E)
     assert theta == pytest.approx(1.0, abs=0.01)
@@ -1109,6 +1111,95 @@ def test_adaptive_regularization_rounds_keep_the_adapt_image_of_the_best_round()
     best = max(s["log_evidence"] for s in stages[1:])
     assert float(inversion.log_evidence) == pytest.approx(best, rel=1e-9)
     assert float(result.model.mass.components[0].theta_E) == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.x64_only
+def test_power_law_stage_is_kept_only_when_the_evidence_asks_for_a_slope():
+    annulus = lambda grid: grid.annular_mask(0.3, 1.4)
+    shear = mass.ExternalShear(0.02, 0.01)
+    steep = mass.EPL(theta_E=1.0, gamma=2.25, e1=0.08, e2=-0.03) + shear
+    runs = {}
+    for name, deflector in (("steep", steep), ("sie", None)):
+        truth, imaging = _lens_with_light(annulus, deflector)
+        start = el.LensSystem(
+            mass=mass.SIE(theta_E=0.98, e1=0.06, e2=-0.02) + mass.ExternalShear(0.0, 0.0),
+            lens_light=light.FixedLight(truth.lens_light),
+            source=el.PixelizedSource(
+                el.AdaptiveRectangularMesh((14, 14)), el.ConstantRegularization(1.0)
+            ),
+        )
+        runs[name] = el.solve.fit_pixelized(
+            imaging, start, light_rounds=0, power_law=True, max_steps=300, log=None
+        )
+    # a slope of 2.25: the power law is kept, its slope and Einstein radius found
+    result, inversion, stages = runs["steep"]
+    assert [s["stage"] for s in stages][-1] == "stage 3 (power-law mass)"
+    first = result.model.mass.components[0]
+    assert isinstance(first, mass.EPL) and result.success
+    errors = dict(zip(result.names, np.asarray(result.errors), strict=True))
+    assert abs(float(first.gamma) - 2.25) < max(4 * errors["mass.components[0].gamma"], 0.03)
+    gain = stages[-1]["log_evidence"] - stages[-2]["log_evidence"]
+    assert gain > el.solve.POWER_LAW_GAIN
+    assert float(inversion.log_evidence) == pytest.approx(stages[-1]["log_evidence"], rel=1e-6)
+    assert stages[-1]["gamma"] == pytest.approx(float(first.gamma), abs=1e-3)
+    assert abs(float(first.theta_E) - 1.0) < abs(stages[-2]["theta_E"] - 1.0)
+    # an isothermal lens: the stage runs, gains less than the threshold, and is not kept
+    result, inversion, stages = runs["sie"]
+    assert stages[-1]["stage"] == "stage 3 (power-law mass)"
+    assert isinstance(result.model.mass.components[0], mass.SIE)
+    assert abs(stages[-1]["gamma"] - 2.0) < 0.05
+    assert stages[-1]["log_evidence"] - stages[-2]["log_evidence"] < el.solve.POWER_LAW_GAIN
+    assert float(inversion.log_evidence) == pytest.approx(stages[-2]["log_evidence"], rel=1e-9)
+
+
+@pytest.mark.x64_only
+def test_newton_start_steps_into_the_minimum(dataset):
+    truth = el.LensSystem(
+        mass=_lens(),
+        lens_light=light.Sersic(amp=6.0, R_sersic=0.5, n_sersic=2.5),
+        source=light.Sersic(amp=30.0, R_sersic=0.12, n_sersic=1.2, e1=0.1, center_x=0.04),
+    )
+    objective = el.Objective([el.GaussianLikelihood(dataset)])
+    start = eqx.tree_at(
+        lambda s: (s.mass.components[0].theta_E, s.mass.components[0].e1),
+        truth,
+        (jnp.asarray(0.903), jnp.asarray(0.09)),
+    )
+    free = el.select(start, lambda s: s.mass)
+    best = el.fit(objective, start, "lm", free=free, covariance=False)
+    value = eqx.filter_jit(lambda o, m: o(m))
+    v0, v_min = float(value(objective, start)), float(value(objective, best.model))
+    moved, drop = el.solve.newton_start(objective, start, free)
+    assert drop == pytest.approx(v0 - float(value(objective, moved)), rel=1e-9)
+    # chi2 is nearly quadratic here: one step goes almost all the way down
+    assert float(value(objective, moved)) - v_min < 0.01 * (v0 - v_min)
+    theta = float(moved.mass.components[0].theta_E)
+    assert abs(theta - float(best.model.mass.components[0].theta_E)) < 0.05 * abs(0.903 - theta)
+    assert eqx.tree_equal(moved.source, start.source)  # only the free parameters move
+    with pytest.raises(ValueError, match="scalar"):
+        source = light.MGE(amp=jnp.ones(3), sigma=jnp.array([0.1, 0.3, 1.0]))
+        mge = el.LensSystem(mass=_lens(), source=source)
+        el.solve.newton_start(objective, mge, el.select(mge, lambda s: s.source.sigma))
+
+
+def test_as_power_law_is_the_same_deflection_with_a_free_slope():
+    sie = mass.SIE(theta_E=1.3, e1=0.12, e2=-0.07, center_x=0.05, center_y=-0.03)
+    source = light.Sersic(amp=1.0, R_sersic=0.2, n_sersic=1.0)
+    system = el.LensSystem(mass=sie + mass.ExternalShear(0.03, -0.02), source=source)
+    power = el.solve.as_power_law(system)
+    assert power is not None
+    first = power.mass.components[0]
+    assert isinstance(first, mass.EPL) and float(first.gamma) == 2.0
+    x, y = (jnp.asarray(v) for v in np.meshgrid(np.linspace(-2, 2, 21), np.linspace(-2, 2, 21)))
+    tol = 1e-10 if jnp.asarray(1.0).dtype == jnp.float64 else 1e-5
+    for a, b in zip(system.mass.deflection(x, y), power.mass.deflection(x, y), strict=True):
+        assert float(jnp.max(jnp.abs(a - b))) < tol
+    # a bare SIE too; anything else has no power law to free
+    assert isinstance(
+        el.solve.as_power_law(eqx.tree_at(lambda s: s.mass, system, sie)).mass, mass.EPL
+    )
+    assert el.solve.as_power_law(power) is None
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ def run_sample(
     strength: float | None = None,
     max_tree_depth: int | None = None,
     partial: Any = None,
+    power_law: bool = False,
 ) -> dict[str, str]:
     """Fits `data` (an `Imaging`, or a `MultiBandImaging` whose bands are fitted and
     sampled jointly) as `equilens fit` does, then samples the posterior over the same
@@ -121,6 +122,7 @@ def run_sample(
             strength=strength,
             progress=progress,
             partial=partial,
+            power_law=power_law,
         )
     names = data.names if bands else None
     print(result.table())
@@ -271,6 +273,7 @@ def _fit_one(
     strength: float | None,
     progress: bool,
     partial,
+    power_law: bool = False,
 ) -> tuple[Any, Any, Any]:
     """One image fitted as `equilens fit` fits it; returns the result, the objective the
     samplers draw from and the free parameters (None: all of the result's)."""
@@ -302,7 +305,16 @@ def _fit_one(
     print(f"  pixelized source: {pix_label}")
     parametric = result
     result, _, _, held = _pixelized_stage(
-        imaging, result, pix_mesh, pix_reg, strength, solver, max_steps, positions, progress
+        imaging,
+        result,
+        pix_mesh,
+        pix_reg,
+        strength,
+        solver,
+        max_steps,
+        positions,
+        progress,
+        power_law,
     )
     # the sampled parameters: the mass, the source marginalised by the evidence (and the
     # images held together as in the fit); the regularization held as fitted

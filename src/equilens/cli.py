@@ -13,7 +13,9 @@ criterion prefers it) and writes OUT.json and a PNG next to it. With `--source p
 [--mesh rectangular[:NYxNX]|adaptive[:NYxNX]|delaunay[:N]]
 [--regularization constant|curvature|adaptive|matern]
 [--regularization-strength L]` the parametric fit is followed by a pixelized-source fit that
-maximises the Bayesian evidence (strength fitted unless given); the JSON adds `log_evidence`
+maximises the Bayesian evidence (strength fitted unless given; the lens light refitted
+beside the source; with `--power-law`, last, an SIE's slope freed and the power law kept
+when the evidence prefers it); the JSON adds `log_evidence`, the stages' records
 and the source-plane reconstruction is written as OUT_source.fits (HDU 0 the source in
 flux/arcsec^2, HDU 1 its 1-sigma errors). `--lens-light` defaults to `mge` (a linear
 multi-Gaussian expansion); `none` is for data with the lens light removed. `--positions
@@ -295,12 +297,14 @@ def run_fit(
     positions=None,
     positions_sigma: float | None = None,
     partial: Partial | None = None,
+    power_law: bool = False,
 ) -> dict[str, str]:
     """Fits `imaging` (`equilens.solve.fit_lens`; for `source="pixelized"` followed by
-    `equilens.solve.fit_pixelized`), prints the parameters with errors, and writes the JSON
-    result to `json_path` and the figure next to it (`.png`; pixelized: also
-    `_source.fits`). Returns the output paths and, under `"status"`, the final fit's
-    status in words (`"successful"` or why not). `partial` keeps each finished stage."""
+    `equilens.solve.fit_pixelized`, with its power-law stage when `power_law`),
+    prints the parameters with errors, and writes the JSON result to `json_path` and the
+    figure next to it (`.png`; pixelized: also `_source.fits`). Returns the output paths
+    and, under `"status"`, the final fit's status in words (`"successful"` or why not).
+    `partial` keeps each finished stage."""
     import numpy as np
 
     from .plot import plot_fit, plot_reconstruction
@@ -347,7 +351,16 @@ def run_fit(
         }
         print(f"  pixelized source: {mesh} mesh, {regularization} regularization")
         result, inversion, stages, held = _pixelized_stage(
-            imaging, result, pix_mesh, pix_reg, strength, solver, max_steps, positions, progress
+            imaging,
+            result,
+            pix_mesh,
+            pix_reg,
+            strength,
+            solver,
+            max_steps,
+            positions,
+            progress,
+            power_law,
         )
         if held is not None:
             extra["positions"] = np.asarray(held).tolist()
@@ -367,13 +380,23 @@ def run_fit(
 
 
 def _pixelized_stage(
-    imaging, parametric, mesh, regularization, strength, solver, max_steps, positions, progress
+    imaging,
+    parametric,
+    mesh,
+    regularization,
+    strength,
+    solver,
+    max_steps,
+    positions,
+    progress,
+    power_law=False,
 ) -> tuple[Any, Any, list, Any]:
     """`fit_pixelized` from a parametric fit (its mass and lens light, the lens light held),
     as `equilens fit --source pixelized` runs it: the regularization's strength fitted
     unless `strength` is given, the images of one source point held together (the given
-    `positions`, or the images of the parametric source's centre). Returns the result, the
-    inversion, the stage records and the held positions (or None)."""
+    `positions`, or the images of the parametric source's centre), the power-law stage
+    when `power_law`. Returns the result, the inversion, the stage records and the
+    held positions (or None)."""
     from .solve import auto_positions, fit_pixelized, pixelized_model
 
     held = positions if positions is not None else auto_positions(imaging, parametric.model)
@@ -388,6 +411,7 @@ def _pixelized_stage(
         max_steps=1000 if max_steps is None else max_steps,
         positions=held,
         progress=progress,
+        power_law=power_law,
     )
     return result, inversion, stages, held
 
@@ -645,6 +669,12 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
         help="pixelized: fixed strength (default: fitted by the evidence)",
     )
     parser.add_argument(
+        "--power-law",
+        action="store_true",
+        help="pixelized, one band: a last stage that frees an SIE's slope and keeps the "
+        "power law when the log-evidence rises by more than 5",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="check the inputs and the model options, print what would be fitted and exit "
@@ -856,9 +886,11 @@ def _run(args, partial: Partial) -> int:
                 strength=args.regularization_strength,
                 max_tree_depth=args.max_tree_depth,
                 partial=partial,
+                power_law=args.power_law,
             )
         else:
             run = run_fit_multiband if args.band else run_fit
+            one = {} if args.band else {"power_law": args.power_law}
             out = run(
                 data,
                 args.json,
@@ -873,6 +905,7 @@ def _run(args, partial: Partial) -> int:
                 regularization=regularization,
                 strength=args.regularization_strength,
                 partial=partial,
+                **one,
             )
     except (ValueError, OSError, RuntimeError, TypeError) as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -914,6 +947,10 @@ def _check_numbers(args) -> None:
     ):
         if value is not None and not pixelized:
             raise ValueError(f"{option} is an option of --source pixelized (got {args.source})")
+    if args.power_law and not pixelized:
+        raise ValueError(f"--power-law is an option of --source pixelized (got {args.source})")
+    if args.power_law and args.band:
+        raise ValueError("--power-law is an option of one band's pixelized chain, not --band")
     if args.command != "sample":
         return
     for option, value, least, most in (
@@ -948,7 +985,7 @@ def _check_model(args, imaging, positions) -> list[str]:
     import jax
     import numpy as np
 
-    from .solve import start_model
+    from .solve import as_power_law, start_model
 
     pixelized = args.source == "pixelized"
     lens_light = _lens_light(args)
@@ -976,12 +1013,13 @@ def _check_model(args, imaging, positions) -> list[str]:
     if positions is not None:
         lines.append(f"positions: {len(positions)} images")
     if pixelized:
+        power_stage = args.power_law and not args.band and as_power_law(model) is not None
         name = "constant" if args.regularization is None else args.regularization
         mesh = make_mesh(default_mesh(imaging) if args.mesh is None else args.mesh, imaging)
         make_regularization(name, args.regularization_strength)
         lines.append(
             f"pixelized source: {type(mesh).__name__} ({mesh.n_pixels} pixels), {name} "
-            "regularization"
+            "regularization" + ("; then the power-law stage" if power_stage else "")
         )
     return lines
 

@@ -35,8 +35,11 @@ from ._pipeline import (
     lens_bounds as lens_bounds,
 )
 from ._pixelized import (
+    POWER_LAW_GAIN as POWER_LAW_GAIN,
+    as_power_law as as_power_law,
     fit_multiband_pixelized as fit_multiband_pixelized,
     fit_pixelized as fit_pixelized,
+    newton_start as newton_start,
     pixelized_model as pixelized_model,
     refit_lens_light as refit_lens_light,
     threshold_term as threshold_term,

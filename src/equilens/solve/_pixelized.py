@@ -17,6 +17,7 @@ from .._lens_system import LensSystem
 from .._multiband import MultiBandLensSystem
 from ..data import Imaging, MultiBandImaging
 from ..light import FixedLight, Gaussian
+from ..mass import EPL, SIE, MassSum
 from ..objective import Objective, select
 from ..source import (
     AbstractMesh,
@@ -26,7 +27,13 @@ from ..source import (
     PixelizedSource,
 )
 from ..terms import GaussianLikelihood, LogEvidence, MultiBandTerm, PositionsThreshold
-from ._fit import SolverLike, fit, with_conditional_covariance, with_smoothed_covariance
+from ._fit import (
+    SolverLike,
+    fit,
+    parametrisation,
+    with_conditional_covariance,
+    with_smoothed_covariance,
+)
 from ._pipeline import _checked_positions
 from ._residuals import with_arc_check, with_band_arc_checks
 from ._result import FitResult
@@ -58,6 +65,13 @@ def threshold_term(
         raise ValueError(f"positions threshold must be > 0 arcsec, got {threshold}")
     return PositionsThreshold(pos[:, 0], pos[:, 1], threshold=threshold, sigma=1e-3 * threshold)
 
+
+#: The log-evidence a power-law mass must gain over the SIE it starts from to be kept
+#: (`fit_pixelized(power_law=True)`): decisive odds (e^5, about 150 to 1, on Jeffreys'
+#: scale), which also pay the slope's Occam factor (ln of its prior width over its
+#: posterior width: about 3 for a slope known to +-0.03 within a prior of width 1), since
+#: the evidence marginalises the source, not the mass.
+POWER_LAW_GAIN = 5.0
 
 #: Regularization strengths tried before the evidence fit picks one (`fit_pixelized`).
 COEFFICIENT_GRID = tuple(10.0**k for k in range(-9, 3))
@@ -167,6 +181,7 @@ def fit_pixelized(
     lens_light: str = "solved",
     rounds: int = 3,
     light_rounds: int = 2,
+    power_law: bool = False,
     max_steps: int = 1000,
     positions: Any = None,
     positions_threshold: float | None = None,
@@ -196,7 +211,15 @@ def fit_pixelized(
        (`AdaptiveBrightness`), up to `rounds - 1` more rounds: the adapt image becomes the
        lensed source of the last reconstruction (instead of the data, which holds the lens
        light too), and stage 2 is repeated; the chain stops when the log-evidence gains
-       less than 1 (or drops: the previous round is kept).
+       less than 1 (or drops: the previous round is kept);
+    5. with `power_law` and a first mass component that is an `SIE`: the mass as an `EPL`
+       (`as_power_law`: the slope freed from 2, where the two profiles are the same) is
+       fitted by the evidence with everything else as the last kept stage left it, and
+       kept when it succeeds and raises the log-evidence by more than `POWER_LAW_GAIN`
+       (the model comparison of the SIE against the power law, by the evidence; the stage
+       record is written either way, so the power law's Einstein radius is seen beside the
+       SIE's). Real lenses' slopes scatter around 2 by about 0.1-0.2, which an SIE turns
+       into a bias of its Einstein radius wherever the arcs do not sit on it.
 
     `max_steps` is per stage (default 1000: BFGS on the evidence of an adaptive mesh,
     whose quantile nodes make it only piecewise smooth, can need several hundred steps
@@ -227,8 +250,9 @@ def fit_pixelized(
 
     Returns the `FitResult` of the last kept stage (solved source and amplitudes filled
     in), its `Inversion` (the source's 1-sigma errors included), and one record per stage
-    (`{"stage": name, "log_evidence": value, "status": words, "num_steps": n, "theta_E":
-    arcsec}`, the last the first mass component's Einstein radius where it has one)."""
+    (`{"stage": name, "log_evidence": value, "status": words, "num_steps": n, "seconds":
+    wall time since the previous record, "theta_E": arcsec, "gamma": slope}`, the last
+    two the first mass component's Einstein radius and slope where it has them)."""
     t0 = time.perf_counter()
     say = log or (lambda _: None)
     if not isinstance(model.source, PixelizedSource):
@@ -257,20 +281,28 @@ def fit_pixelized(
             f'{float(guard[0].threshold):.3g}" of each other in the source plane'
         )
 
+    last = [t0]  # when the previous record was written
+
     def record(name: str, r: FitResult) -> None:
         # the evidence term comes first; a positions guard adds nothing inside its threshold
         log_ev = -float(r.term_values[0])
+        now = time.perf_counter()
         stages.append(
             {
                 "stage": name,
                 "log_evidence": log_ev,
                 "status": r.message(),
                 "num_steps": int(r.num_steps),
+                "seconds": now - last[0],
             }
         )
+        last[0] = now
         theta_e = _theta_e(r.model)
         if theta_e is not None:
             stages[-1]["theta_E"] = theta_e
+        slope = _slope(r.model)
+        if slope is not None:
+            stages[-1]["gamma"] = slope
         if guard:
             stages[-1]["positions_penalty"] = float(r.term_values[1])
         radius = "" if theta_e is None else f', theta_E {theta_e:.4f}"'
@@ -329,9 +361,115 @@ def fit_pixelized(
     if model.source.regularization.uses_signal:  # pyright: ignore[reportAttributeAccessIssue]
         r, adapted = _kept_rounds(r, rounds - 1, adapt_round, say)
         term = term if adapted is None else adapted
+    epl = as_power_law(r.model) if power_law else None
+    if epl is not None:
+        objective = Objective([term, *guard])
+        free = select(epl, lambda s: (s.mass, s.source.regularization) if fit_strength else s.mass)  # pyright: ignore[reportAttributeAccessIssue]
+        # the slope trades against the ellipticity, shear and Einstein radius along a
+        # narrow valley that a quasi-Newton solver started with an identity Hessian does
+        # not enter from the SIE's minimum (its line search finds no decrease): a Newton
+        # step over the mass first, then the solver
+        epl, drop = newton_start(objective, epl, select(epl, lambda s: s.mass))
+        say(
+            f"    (a Newton step over the mass: log evidence {drop:+.1f})"
+            if drop > 0
+            else "    (no Newton step over the mass raised the log evidence)"
+        )
+        trial = run(objective, epl, free, covariance=False)
+        record(f"stage {stage} (power-law mass)", trial)
+        gain = float(r.value) - float(trial.value)
+        if trial.success and gain > POWER_LAW_GAIN:
+            say(f"    (kept: log evidence {gain:+.1f} over the SIE)")
+            # once more from its minimum (a few steps), with its covariance
+            r = run(objective, trial.model, free)
+        else:
+            why = trial.message() if not trial.success else f"log evidence {gain:+.1f}"
+            say(f"    (not kept: {why}; the SIE needs a gain over {POWER_LAW_GAIN:g})")
     inversion = eqx.filter_jit(lambda t, m: t.invert(m, errors=True))(term, r.model)
     r, _ = with_arc_check(imaging, r, say, term.complete(r.model))
     return dataclasses.replace(r, wall_time=time.perf_counter() - t0), inversion, stages
+
+
+#: The multiples of the Newton step `newton_start` tries.
+NEWTON_MULTIPLES = (0.125, 0.25, 0.5, 1.0, 1.5, 2.0)
+
+
+def newton_start(objective: Objective, model: Any, free: Any) -> tuple[Any, float]:
+    """`model` moved by a Newton step of `objective` over the `free` parameters (a
+    `select` mask; every one a scalar): the step `-H^-1 g` from the autodiff gradient `g`
+    and Hessian `H` at `model`, over `H`'s positive eigen-directions only (the evidence is
+    rough at small scales, so its Hessian can have a few non-positive ones), the best of
+    `NEWTON_MULTIPLES` of it that stays within the parameters' bounds and lowers the
+    objective; `model` itself when none does. Returns the model and how much the
+    objective fell (0 when it did not move).
+
+    A quasi-Newton solver (BFGS) started at a minimum of a narrower model with a new
+    parameter freed takes its first steps along the gradient (an identity Hessian), which
+    on a narrow, curved valley (a power law's slope against its ellipticity, the shear
+    and the Einstein radius) finds no decrease and stops: the Newton step enters the
+    valley, and the solver goes on from there."""
+    param = parametrisation(objective, model, free, None, check=False)
+    if not all(np.ndim(v) == 0 for v in param.values(model)):
+        raise ValueError("newton_start steps scalar parameters only")
+    grad, hess = (np.asarray(a) for a in _grad_hess(objective, param, model))
+    if not (np.all(np.isfinite(grad)) and np.all(np.isfinite(hess))):
+        return model, 0.0
+    x0 = np.array([float(v) for v in param.values(model)])
+    bounds = [b for f, b in zip(param.free, param.bounds, strict=True) if f]
+    lo = np.array([-np.inf if b is None else b[0] for b in bounds])
+    hi = np.array([np.inf if b is None else b[1] for b in bounds])
+    w, v = np.linalg.eigh(0.5 * (hess + hess.T))
+    keep = w > 1e-12 * max(float(np.max(np.abs(w))), 1e-300)
+    step = -(v[:, keep] @ ((v[:, keep].T @ grad) / w[keep]))
+    value = eqx.filter_jit(lambda o, m: o(m))
+    dtype = np.asarray(param.values(model)[0]).dtype
+
+    def at(x: np.ndarray) -> Any:
+        return param.with_values(tuple(jnp.asarray(xi, dtype) for xi in x), model)
+
+    start_value = float(value(objective, model))
+    best, best_value = model, start_value
+    for k in NEWTON_MULTIPLES:
+        x = x0 + k * step
+        if not np.all((x > lo) & (x < hi)):
+            continue
+        trial = at(x)
+        v_k = float(value(objective, trial))
+        if np.isfinite(v_k) and v_k < best_value:
+            best, best_value = trial, v_k
+    return best, start_value - best_value
+
+
+@eqx.filter_jit
+def _grad_hess(objective: Objective, param: Any, model: Any) -> tuple[Any, Any]:
+    """The gradient and Hessian of `objective` over `param`'s free scalars at `model`."""
+    x0 = jnp.stack(param.values(model))
+
+    def f(x):
+        return objective(param.with_values(tuple(x[i] for i in range(x.shape[0])), model))
+
+    return jax.grad(f)(x0), jax.hessian(f)(x0)
+
+
+def as_power_law(model: LensSystem) -> LensSystem | None:
+    """`model` with its first mass component, an `SIE`, replaced by the `EPL` of slope
+    `gamma = 2` with the same Einstein radius, ellipticity and centre (the same deflection
+    field: lenstronomy's conventions, which both follow), so that a fit can free the slope
+    from where the SIE ended; `None` when the first mass component is not an `SIE`."""
+    sum_ = isinstance(model.mass, MassSum)
+    first = model.mass.components[0] if sum_ else model.mass  # pyright: ignore[reportAttributeAccessIssue]
+    if not isinstance(first, SIE):
+        return None
+    epl = EPL(
+        theta_E=first.theta_E,
+        gamma=jnp.asarray(2.0, dtype=jnp.asarray(first.theta_E).dtype),
+        e1=first.e1,
+        e2=first.e2,
+        center_x=first.center_x,
+        center_y=first.center_y,
+    )
+    at = (lambda s: s.mass.components[0]) if sum_ else (lambda s: s.mass)
+    return eqx.tree_at(at, model, epl)
 
 
 def _kept_rounds(
@@ -366,6 +504,12 @@ def _theta_e(model: LensSystem) -> float | None:
     except ValueError:
         return None
     return float(first.theta_E)
+
+
+def _slope(model: LensSystem) -> float | None:
+    """The first mass component's slope `gamma` where it has one (an `EPL`), else `None`."""
+    first = model.mass.components[0] if isinstance(model.mass, MassSum) else model.mass
+    return float(first.gamma) if isinstance(first, EPL) else None
 
 
 def _fixed(light: Any) -> FixedLight:
