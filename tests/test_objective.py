@@ -343,6 +343,25 @@ def test_parametrisation_bounds_round_trip_and_errors():
     assert -0.6 < float(back.mass.components[0].e1) < -0.6 + step
 
 
+def test_a_start_close_to_a_bound_but_inside_it_is_kept():
+    # A fit of the evidence can run a hyperparameter it does not constrain far towards a
+    # bound (a coefficient of 1e-30 over (0, inf), a signal scale of 1e-14 over (0, 10));
+    # the next stage, started there, must start there: moving such values to 1e-9 of
+    # their bound changed a pixelized fit's log-evidence from 8,165 to -55,263
+    reg = el.AdaptiveBrightness(1e-30, 2.0, 1e-14)
+    param = Parametrisation.build(reg)
+    back = param.to_model(param.to_raw(reg), reg)
+    tol = 1e-12 if X64 else 1e-4
+    for name in ("inner_coefficient", "outer_coefficient", "signal_scale"):
+        assert rel_err(getattr(back, name), getattr(reg, name)) < tol, name
+    # at the bound itself, the start is moved inside (as the test above)
+    at = el.AdaptiveBrightness(1.0, 2.0, 10.0)
+    p_at = Parametrisation.build(at)
+    raw = p_at.to_raw(at)
+    assert all(bool(jnp.all(jnp.isfinite(r))) for r in raw)
+    assert 10.0 - (1e-7 if X64 else 1e-4) < float(p_at.to_model(raw, at).signal_scale) < 10.0
+
+
 def test_free_selection():
     system = _system()
     obj = el.Objective([el.GaussianPrior(lambda s: s.source.amp, 1.0, 1.0)])

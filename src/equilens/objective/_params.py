@@ -113,15 +113,21 @@ AT_BOUND_START = 1e-9
 
 
 def _inside(value: Array, bounds: Bounds) -> Array:
+    """`value` where it is strictly inside `bounds` (the bounded map inverts it, however
+    close to a bound: near a bound the map is logarithmic in the distance to it, so a
+    regularization coefficient of 1e-70 over (0, inf) is as good a start as 1); a value
+    at (or, traced, beyond) a finite bound moved `AT_BOUND_START` inside it."""
     lo, hi = bounds
     value = jnp.asarray(value)
     frac = max(AT_BOUND_START, 4 * float(jnp.finfo(value.dtype).eps))
     if math.isinf(lo) or math.isinf(hi):
         b = hi if math.isinf(lo) else lo
         step = frac * max(1.0, abs(b))
-        return jnp.minimum(value, hi - step) if math.isinf(lo) else jnp.maximum(value, lo + step)
+        if math.isinf(lo):
+            return jnp.where(value < hi, value, hi - step)
+        return jnp.where(value > lo, value, lo + step)
     step = frac * (hi - lo)
-    return jnp.clip(value, lo + step, hi - step)
+    return jnp.where(value <= lo, lo + step, jnp.where(value >= hi, hi - step, value))
 
 
 def _inverse(value: Array, bounds: Bounds | None) -> Array:

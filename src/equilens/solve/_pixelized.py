@@ -17,7 +17,7 @@ from .._lens_system import LensSystem
 from .._multiband import MultiBandLensSystem
 from ..data import Imaging, MultiBandImaging
 from ..light import FixedLight, Gaussian
-from ..mass import EPL, SIE, MassSum
+from ..mass import EPL, SIE
 from ..objective import Objective, select
 from ..source import (
     AbstractMesh,
@@ -314,11 +314,10 @@ def fit_pixelized(
     objective = Objective([term, *guard])
     if fit_strength:
         where = _strength_where(model)
-        value = eqx.filter_jit(lambda t, m: t(m))
         scores = []
         for c in COEFFICIENT_GRID:
             trial = eqx.tree_at(where, model, replace_fn=lambda _, c=c: jnp.asarray(c, dtype))
-            scores.append(float(value(term, trial)))
+            scores.append(float(_value(term, trial)))
         best = COEFFICIENT_GRID[int(np.nanargmin(scores))]
         model = eqx.tree_at(where, model, replace_fn=lambda _: jnp.asarray(best, dtype))
         say(f"  regularization start {best:g} (log evidence {-min(scores):.1f})")
@@ -385,7 +384,7 @@ def fit_pixelized(
         else:
             why = trial.message() if not trial.success else f"log evidence {gain:+.1f}"
             say(f"    (not kept: {why}; the SIE needs a gain over {POWER_LAW_GAIN:g})")
-    inversion = eqx.filter_jit(lambda t, m: t.invert(m, errors=True))(term, r.model)
+    inversion = _invert_with_errors(term, r.model)
     r, _ = with_arc_check(imaging, r, say, term.complete(r.model))
     return dataclasses.replace(r, wall_time=time.perf_counter() - t0), inversion, stages
 
@@ -421,23 +420,40 @@ def newton_start(objective: Objective, model: Any, free: Any) -> tuple[Any, floa
     w, v = np.linalg.eigh(0.5 * (hess + hess.T))
     keep = w > 1e-12 * max(float(np.max(np.abs(w))), 1e-300)
     step = -(v[:, keep] @ ((v[:, keep].T @ grad) / w[keep]))
-    value = eqx.filter_jit(lambda o, m: o(m))
     dtype = np.asarray(param.values(model)[0]).dtype
 
     def at(x: np.ndarray) -> Any:
         return param.with_values(tuple(jnp.asarray(xi, dtype) for xi in x), model)
 
-    start_value = float(value(objective, model))
+    start_value = float(_value(objective, model))
     best, best_value = model, start_value
     for k in NEWTON_MULTIPLES:
         x = x0 + k * step
         if not np.all((x > lo) & (x < hi)):
             continue
         trial = at(x)
-        v_k = float(value(objective, trial))
+        v_k = float(_value(objective, trial))
         if np.isfinite(v_k) and v_k < best_value:
             best, best_value = trial, v_k
     return best, start_value - best_value
+
+
+@eqx.filter_jit
+def _value(objective: Any, model: Any) -> Any:
+    """`objective(model)`, compiled once for every call with the same structure."""
+    return objective(model)
+
+
+@eqx.filter_jit
+def _invert_with_errors(term: Any, model: Any) -> Any:
+    """`term.invert(model, errors=True)`, compiled once per structure."""
+    return term.invert(model, errors=True)
+
+
+@eqx.filter_jit
+def _band_values(term: Any, model: Any) -> Any:
+    """Each band's value of a `MultiBandTerm`, compiled once per structure."""
+    return term.values(model)
 
 
 @eqx.filter_jit
@@ -456,10 +472,10 @@ def as_power_law(model: LensSystem) -> LensSystem | None:
     `gamma = 2` with the same Einstein radius, ellipticity and centre (the same deflection
     field: lenstronomy's conventions, which both follow), so that a fit can free the slope
     from where the SIE ended; `None` when the first mass component is not an `SIE`."""
-    sum_ = isinstance(model.mass, MassSum)
-    first = model.mass.components[0] if sum_ else model.mass  # pyright: ignore[reportAttributeAccessIssue]
-    if not isinstance(first, SIE):
+    found = _first_mass(model)
+    if found is None or not isinstance(found[1], SIE):
         return None
+    at, first = found
     epl = EPL(
         theta_E=first.theta_E,
         gamma=jnp.asarray(2.0, dtype=jnp.asarray(first.theta_E).dtype),
@@ -468,7 +484,6 @@ def as_power_law(model: LensSystem) -> LensSystem | None:
         center_x=first.center_x,
         center_y=first.center_y,
     )
-    at = (lambda s: s.mass.components[0]) if sum_ else (lambda s: s.mass)
     return eqx.tree_at(at, model, epl)
 
 
@@ -496,20 +511,26 @@ def _kept_rounds(
     return r, made
 
 
+def _first_mass(model: LensSystem) -> tuple[Callable[[Any], Any], Any] | None:
+    """`first_mass(model)` (where the first mass component is, and that component), or
+    `None` for a first component without an Einstein radius."""
+    try:
+        return first_mass(model)
+    except ValueError:
+        return None
+
+
 def _theta_e(model: LensSystem) -> float | None:
     """The first mass component's Einstein radius (arcsec), for a stage's record; `None`
     for a first component without one."""
-    try:
-        _, first = first_mass(model)
-    except ValueError:
-        return None
-    return float(first.theta_E)
+    found = _first_mass(model)
+    return None if found is None else float(found[1].theta_E)
 
 
 def _slope(model: LensSystem) -> float | None:
     """The first mass component's slope `gamma` where it has one (an `EPL`), else `None`."""
-    first = model.mass.components[0] if isinstance(model.mass, MassSum) else model.mass
-    return float(first.gamma) if isinstance(first, EPL) else None
+    found = _first_mass(model)
+    return float(found[1].gamma) if found is not None and isinstance(found[1], EPL) else None
 
 
 def _fixed(light: Any) -> FixedLight:
@@ -564,7 +585,6 @@ def fit_multiband_pixelized(
     terms = [LogEvidence(b) for b in data.bands]
     dtype = data.bands[0].data.dtype
     if fit_strength:  # each band's strength started at the best of a coarse grid
-        value = eqx.filter_jit(lambda t, m: t(m))
         for i, (t, band) in enumerate(zip(terms, bands, strict=True)):
             trial_system = LensSystem(band.mass, sources[i], None if lens is None else lens[i])
             where = _strength_where(trial_system)
@@ -573,7 +593,7 @@ def fit_multiband_pixelized(
                 trial = eqx.tree_at(
                     where, trial_system, replace_fn=lambda _, c=c: jnp.asarray(c, dtype)
                 )
-                scores.append(float(value(t, trial)))
+                scores.append(float(_value(t, trial)))
             best = COEFFICIENT_GRID[int(np.nanargmin(scores))]
             chosen = eqx.tree_at(
                 where, trial_system, replace_fn=lambda _, b=best: jnp.asarray(b, dtype)
@@ -588,10 +608,9 @@ def fit_multiband_pixelized(
         guard = (threshold_term(start.band(0), pos, positions_threshold),)
     objective = Objective([term, *guard])
     stages: list[dict[str, Any]] = []
-    band_values = eqx.filter_jit(lambda t, m: t.values(m))
 
     def record(name: str, r: FitResult) -> None:
-        per_band = [-float(v) for v in band_values(term, r.model)]
+        per_band = [-float(v) for v in _band_values(term, r.model)]
         stages.append(
             {
                 "stage": name,
@@ -620,6 +639,6 @@ def fit_multiband_pixelized(
     free = select(start, lambda m: (m.mass, *regs(m)) if fit_strength else m.mass)
     r = _evidence_fit(objective, start, free, solver, max_steps, progress)
     record("stage 2 (mass)", r)
-    inversions = eqx.filter_jit(lambda t, m: t.invert(m, errors=True))(term, r.model)
+    inversions = _invert_with_errors(term, r.model)
     r = with_band_arc_checks(data, r, term.complete(r.model).bands(), say)
     return dataclasses.replace(r, wall_time=time.perf_counter() - t0), inversions, stages
