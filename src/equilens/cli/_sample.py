@@ -7,7 +7,8 @@ import sys
 import time
 from typing import Any
 
-from ._files import atomic_path
+from .._files import atomic_path
+from ._source import _pixelized_stage
 
 
 def run_sample(
@@ -59,9 +60,9 @@ def run_sample(
 
     matplotlib.use("Agg")
 
-    from .cli import default_mesh, make_mesh, make_regularization
-    from .data import MultiBandImaging
-    from .solve import SamplingInterrupted, nested_sample, sample
+    from ..cli import default_mesh, make_mesh, make_regularization
+    from ..data import MultiBandImaging
+    from ..solve import SamplingInterrupted, nested_sample, sample
 
     bands = isinstance(data, MultiBandImaging)
     imaging = data.bands[0] if bands else data
@@ -197,13 +198,13 @@ def choose_sampler() -> tuple[str, str]:
 
     import jax
 
-    from .numba._runtime import numba_available
+    from ..numba._runtime import numba_available
 
     if jax.default_backend() != "cpu":
         return "nuts", f"auto: NUTS on the {jax.default_backend()}"
     if not numba_available() or importlib.util.find_spec("nautilus") is None:
         return "nuts", "auto: NUTS, as Numba or nautilus is not installed"
-    from .solve._workers import _usable_cores
+    from ..solve._workers import _usable_cores
 
     n = _usable_cores()
     return "nested", f"auto: on a CPU, nested sampling on {n} core{'s' * (n > 1)}"
@@ -216,7 +217,7 @@ def _write_posterior(
     returns the posterior's summary dict."""
     import matplotlib.pyplot as plt
 
-    from .solve import result_to_dict
+    from ..solve import result_to_dict
 
     with atomic_path(out["netcdf"]) as tmp:
         post.to_arviz().to_netcdf(tmp)
@@ -234,7 +235,7 @@ def _write_posterior(
 
 def _describe(data) -> str:
     """The data in words: `80x80 pixels (4548 in the mask)`, or the bands'."""
-    from .data import MultiBandImaging
+    from ..data import MultiBandImaging
 
     def one(b) -> str:
         return f"{b.shape[0]}x{b.shape[1]} pixels ({int(b.mask.sum())} in the mask)"
@@ -277,12 +278,11 @@ def _fit_one(
 ) -> tuple[Any, Any, Any]:
     """One image fitted as `equilens fit` fits it; returns the result, the objective the
     samplers draw from and the free parameters (None: all of the result's)."""
-    from .cli import _pixelized_stage
-    from .objective import Objective, select
-    from .solve import fit_lens, threshold_term
-    from .solve._pipeline import _positions_term
-    from .solve._pixelized import _evidence_fit
-    from .terms import GaussianLikelihood, LogEvidence
+    from ..objective import Objective, select
+    from ..solve import fit_lens, threshold_term
+    from ..solve._pipeline import _positions_term
+    from ..solve._pixelized import _evidence_fit
+    from ..terms import GaussianLikelihood, LogEvidence
 
     result = fit_lens(
         imaging,
@@ -352,11 +352,11 @@ def _fit_bands(
     light shared in shape with per-band amplitudes; a pixelized source per band on one
     mesh); returns the result, the joint objective the samplers draw from and the free
     parameters (None: all of the result's)."""
-    from .objective import Objective, select
-    from .solve import auto_positions, fit_multiband, fit_multiband_pixelized, threshold_term
-    from .solve._pipeline import _positions_term
-    from .solve._pixelized import _evidence_fit
-    from .terms import GaussianLikelihood, LogEvidence, MultiBandTerm
+    from ..objective import Objective, select
+    from ..solve import auto_positions, fit_multiband, fit_multiband_pixelized, threshold_term
+    from ..solve._pipeline import _positions_term
+    from ..solve._pixelized import _evidence_fit
+    from ..terms import GaussianLikelihood, LogEvidence, MultiBandTerm
 
     if partial is not None:
         partial.band_names = data.names

@@ -1,0 +1,7 @@
+"""`python -m equilens.cli ...`: the `equilens` command."""
+
+import sys
+
+from ._main import main
+
+sys.exit(main())

@@ -1,0 +1,47 @@
+"""`equilens demo`: the shipped HST image of SDSS J0946+1006 fitted as `equilens fit` fits."""
+
+import os
+
+from ._data import _load
+from ._fit import run_fit
+from ._partial import Partial
+
+DEMO_MASK_RADIUS = 3.0  # arcsec: the lens and the inner ring of SDSS J0946+1006
+DEMO_SUPERSAMPLING = 2  # the source is compact (R ~ 0.1"): 2x2 sub-pixels per pixel
+
+
+def demo_imaging():
+    """The demo's data: the shipped HST image of SDSS J0946+1006 with its noise map and
+    PSF, 0.05" pixels, its mask of other galaxies, a 3" circular mask, 2x2 supersampling."""
+    from importlib.resources import files
+
+    folder = files("equilens") / "_data" / "SDSSJ0946+1006"
+    return _load(
+        str(folder / "image.fits"),
+        str(folder / "noise_map.fits"),
+        str(folder / "psf.fits"),
+        0.05,
+        str(folder / "mask_extra_galaxies.fits"),
+        DEMO_MASK_RADIUS,
+        DEMO_SUPERSAMPLING,
+    )
+
+
+def run_demo(output: str, solver: str = "lm", partial: Partial | None = None) -> dict[str, str]:
+    """Fits the shipped HST image of SDSS J0946+1006; returns the output paths."""
+    imaging = demo_imaging()
+    out = run_fit(
+        imaging,
+        os.path.join(output, "demo.json"),
+        "sie+shear",
+        "mge",
+        "sersic",
+        solver,
+        title="SDSS J0946+1006 (HST F814W): SIE + shear, MGE lens light, Sersic source",
+        extra={
+            "data": "SDSS J0946+1006, HST ACS F814W (see equilens/_data/SDSSJ0946+1006)",
+            "published_theta_E": 1.38,
+        },
+        partial=partial,
+    )
+    return out

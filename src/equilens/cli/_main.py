@@ -1,0 +1,316 @@
+"""The `equilens` command's options, parsed and run (`main`)."""
+
+import argparse
+import os
+import sys
+
+from ._check import _check_model, _check_numbers, _check_solver, _lens_light
+from ._data import _bands, _imaging, _positions
+from ._demo import run_demo
+from ._fit import run_fit, run_fit_multiband
+from ._partial import Partial
+from ._sample import run_sample
+from ._source import REGULARIZATIONS
+
+
+def _data_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """The data options of `fit` and `sample`: one image, or `--band` once per band."""
+    parser.add_argument("image", nargs="?", help="image FITS file (flux per pixel)")
+    parser.add_argument("--noise-map", help="1-sigma noise FITS file")
+    parser.add_argument("--psf", help="PSF kernel FITS file (odd-sized)")
+    parser.add_argument("--pixel-scale", type=float, help="arcsec per pixel")
+    parser.add_argument(
+        "--band",
+        nargs=3,
+        action="append",
+        metavar=("IMAGE", "NOISE", "PSF"),
+        help=f"one band of a joint multi-band {what} (repeat per band, sharpest or deepest "
+        "first: it is the reference); FITS paths may name an extension, file.fits[NAME]",
+    )
+    parser.add_argument("--band-names", help="comma-separated names of the --band options")
+    parser.add_argument(
+        "--band-pixel-scales", help="comma-separated arcsec per pixel, one per --band"
+    )
+    parser.add_argument(
+        "--exclude-mask",
+        "--mask",
+        dest="mask",
+        help="FITS file, non-zero = pixel excluded (--mask: the same; the API's mask= is "
+        "True = used)",
+    )
+    parser.add_argument(
+        "--mask-radius", type=float, help="use pixels within R arcsec of the centre"
+    )
+
+
+def _common_options(parser: argparse.ArgumentParser) -> None:
+    """The options `fit` and `sample` share after the data's."""
+    parser.add_argument(
+        "--mesh",
+        help="pixelized source mesh: adaptive[:NYxNX] (default adaptive:32x32; on a mask of "
+        "under 2048 pixels, NxN with N^2 at most half its pixels), rectangular[:NYxNX], "
+        "delaunay[:N]",
+    )
+    parser.add_argument(
+        "--regularization",
+        help="pixelized: " + "|".join(REGULARIZATIONS) + " (default constant)",
+    )
+    parser.add_argument(
+        "--regularization-strength",
+        type=float,
+        default=None,
+        help="pixelized: fixed strength (default: fitted by the evidence)",
+    )
+    parser.add_argument(
+        "--power-law",
+        action="store_true",
+        help="pixelized, one band: a last stage that frees an SIE's slope and keeps the "
+        "power law when the log-evidence rises by more than 5",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check the inputs and the model options, print what would be fitted and exit "
+        "(status 0 when valid) without fitting",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="equilens", description="equilens: strong gravitational lens modelling"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="fit the shipped HST image of SDSS J0946+1006")
+    demo.add_argument("--output", default="equilens_demo", help="output folder")
+    demo.add_argument("--solver", default="lm", help="solver name (lm, bfgs, lbfgs, adam)")
+    fit = sub.add_parser("fit", help="fit a lens model to your own imaging data")
+    _data_options(fit, "fit")
+    fit.add_argument("--mass", default="sie+shear", help="mass profiles, '+'-joined")
+    fit.add_argument(
+        "--lens-light",
+        default="mge",
+        help="lens light profiles, '+'-joined (default mge: a linear multi-Gaussian "
+        "expansion; sersic+sersic: a double Sersic); none for data with the lens removed",
+    )
+    fit.add_argument("--source", default="sersic", help="source light profiles, or 'pixelized'")
+    _common_options(fit)
+    fit.add_argument(
+        "--supersampling",
+        type=int,
+        default=1,
+        help="sub-pixels per pixel side (1 to 32; the global search evaluates the pixel "
+        "centres only, the final fit this)",
+    )
+    fit.add_argument("--solver", default="lm", help="solver name (lm, bfgs, lbfgs, adam)")
+    fit.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="solver steps at most, per fit (default 300 per parametric fit, 1000 per "
+        "evidence fit of the pixelized chain)",
+    )
+    fit.add_argument(
+        "--positions",
+        help="text file: x y (arcsec, one line per multiple image of one source point); "
+        "adds a positions penalty to the parametric fit, and holds them together in the "
+        "pixelized chain (default there: the images of the parametric source's centre)",
+    )
+    fit.add_argument(
+        "--positions-sigma", type=float, help="1-sigma of the positions (arcsec; default a pixel)"
+    )
+    fit.add_argument("--json", required=True, help="output JSON path (PNG written beside it)")
+    smp = sub.add_parser(
+        "sample",
+        help="fit, then draw the posterior with NUTS or nested sampling (pip install "
+        "equilens[sampling])",
+        description="Fits the data as `equilens fit` does (one image, or --band once per "
+        "band: the bands sampled jointly), then samples the posterior from "
+        "the fit: --sampler nuts (blackjax NUTS chains on the device, --chains, "
+        "--warmup, --samples draws per chain, --max-tree-depth; R-hat and ESS) or --sampler "
+        "nested (nautilus on the Numba likelihood in one process per CPU core, --live "
+        "points, --samples effective samples, a uniform prior of --prior-width errors around "
+        "the fit; also the log-evidence; progress with the time left). --sampler auto "
+        "(default): nested on a CPU, NUTS on an accelerator. Writes OUT.json, the draws as "
+        "NetCDF and a corner plot; Ctrl-C while sampling writes the draws so far.",
+    )
+    _data_options(smp, "sample")
+    smp.add_argument("--mass", default="sie+shear", help="mass profiles, '+'-joined")
+    smp.add_argument("--lens-light", default="mge", help="lens light profiles, or none")
+    smp.add_argument("--source", default="sersic", help="source light profiles, or 'pixelized'")
+    _common_options(smp)
+    smp.add_argument(
+        "--supersampling", type=int, default=1, help="sub-pixels per pixel side (1 to 32)"
+    )
+    smp.add_argument("--solver", default="lm", help="solver of the fit the chains start from")
+    smp.add_argument("--max-steps", type=int, default=None, help="solver steps per fit")
+    smp.add_argument("--positions", help="text file: x y of the multiple images (arcsec)")
+    smp.add_argument("--positions-sigma", type=float, help="1-sigma of the positions (arcsec)")
+    smp.add_argument(
+        "--sampler",
+        default="auto",
+        choices=["auto", "nuts", "nested"],
+        help="nuts (blackjax NUTS chains on device), nested (nautilus on the Numba "
+        "likelihood: the posterior and the log-evidence) or auto (default: nested on a CPU, "
+        "NUTS on an accelerator)",
+    )
+    smp.add_argument(
+        "--chains",
+        type=int,
+        default=4,
+        help="NUTS chains (vmapped; one after another for a pixelized source on a CPU)",
+    )
+    smp.add_argument(
+        "--max-tree-depth",
+        type=int,
+        default=None,
+        help="NUTS: at most 2^D leapfrog steps per draw (default 10; 6 with --source "
+        "pixelized, whose evidence is smooth only piecewise)",
+    )
+    smp.add_argument("--warmup", type=int, default=500, help="window-adaptation steps per chain")
+    smp.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="NUTS: draws kept per chain (default 1000); nested: effective samples to reach "
+        "(default 4000)",
+    )
+    smp.add_argument(
+        "--live",
+        type=int,
+        default=300,
+        help="nested: nautilus live points (default 300; more for a posterior with several modes)",
+    )
+    smp.add_argument(
+        "--networks",
+        type=int,
+        default=2,
+        help="nested: neural networks per nautilus bound (default 2; training them is most "
+        "of nautilus's own time)",
+    )
+    smp.add_argument(
+        "--prior-width",
+        type=float,
+        default=10.0,
+        help="nested: uniform prior on the fit +- this many of its 1-sigma errors, inside "
+        "the class bounds (default 10)",
+    )
+    smp.add_argument("--seed", type=int, default=0, help="random seed")
+    smp.add_argument(
+        "--json", required=True, help="output JSON path (NetCDF draws, corner plot beside it)"
+    )
+    args = parser.parse_args(argv)
+    if args.command != "demo":
+        args.source = args.source.strip().lower()
+
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    if args.command == "demo":
+        partial = Partial(os.path.join(args.output, "demo.json"))
+    else:
+        partial = Partial(args.json)
+    try:
+        return _run(args, partial)
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, what was finished written, the shell's status for SIGINT
+        written = partial.write()
+        kept = (
+            f"; the result of stage {partial.stage!r} written to {written}"
+            if written
+            else "; nothing finished to write"
+        )
+        print(f"equilens: interrupted{kept}", file=sys.stderr)
+        return 130
+
+
+def _run(args, partial: Partial) -> int:
+    """`main` after the arguments are parsed: the command run, errors as one line."""
+    try:
+        if args.command == "demo":
+            _check_solver(args.solver)
+            return _exit(run_demo(args.output, args.solver, partial))
+        _check_numbers(args)
+        positions = _positions(args.positions)
+        if args.band:
+            data = _bands(args)
+            first = data.bands[0]
+            partial.band_names = data.names
+        else:
+            for option, value in (
+                ("IMAGE", args.image),
+                ("--noise-map", args.noise_map),
+                ("--psf", args.psf),
+                ("--pixel-scale", args.pixel_scale),
+            ):
+                if value is None:
+                    raise ValueError(f"{option} is required (or --band once per band)")
+            data = first = _imaging(args)
+        plan = _check_model(args, first, positions)
+        if data is not first:
+            plan.insert(0, f"{len(data)} bands ({', '.join(data.names)}); the first:")
+        if args.check:
+            print(f"equilens {args.command}: the inputs are valid (--check: nothing fitted)")
+            print("\n".join(f"  {line}" for line in plan))
+            return 0
+        mesh = args.mesh  # None: default_mesh of the data
+        regularization = "constant" if args.regularization is None else args.regularization
+        lens_light = _lens_light(args)
+        if args.command == "sample":
+            out = run_sample(
+                data,
+                args.json,
+                args.mass,
+                lens_light,
+                args.source,
+                n_chains=args.chains,
+                n_warmup=args.warmup,
+                n_samples=args.samples,
+                seed=args.seed,
+                solver=args.solver,
+                max_steps=args.max_steps,
+                positions=positions,
+                positions_sigma=args.positions_sigma,
+                sampler=args.sampler,
+                n_live=args.live,
+                n_networks=args.networks,
+                prior_width=args.prior_width,
+                mesh=mesh,
+                regularization=regularization,
+                strength=args.regularization_strength,
+                max_tree_depth=args.max_tree_depth,
+                partial=partial,
+                power_law=args.power_law,
+            )
+        else:
+            run = run_fit_multiband if args.band else run_fit
+            one = {} if args.band else {"power_law": args.power_law}
+            out = run(
+                data,
+                args.json,
+                args.mass,
+                lens_light,
+                args.source,
+                args.solver,
+                max_steps=args.max_steps,
+                positions=positions,
+                positions_sigma=args.positions_sigma,
+                mesh=mesh,
+                regularization=regularization,
+                strength=args.regularization_strength,
+                partial=partial,
+                **one,
+            )
+    except (ValueError, OSError, RuntimeError, TypeError) as err:
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"equilens: error: {msg}", file=sys.stderr)
+        return 1
+    return _exit(out)
+
+
+def _exit(out: dict[str, str]) -> int:
+    if out["status"] != "successful":
+        # the results are written for inspection, but a failed fit is not a success
+        what = "the sampling" if "netcdf" in out else "the fit"
+        print(f"equilens: {what} did not succeed: {out['status']}", file=sys.stderr)
+        return 2
+    return 0
