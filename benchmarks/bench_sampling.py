@@ -347,7 +347,7 @@ def throughput(n_points: int, threads=(1, 2), processes=(1, 2)) -> None:
     `threads`, and in each count of worker `processes` of one thread (`nested_sample`'s
     default on a CPU: one per core). Each median of 3."""
     from equilens.numba._terms import density
-    from equilens.solve._fit import parametrisation
+    from equilens.solve._parametrise import parametrisation
     from equilens.solve._start import start_model
     from equilens.solve._workers import DensityPool
 

@@ -289,7 +289,7 @@ def test_ctrl_c_during_nested_sampling_writes_the_points_so_far(
     pytest.importorskip("corner")
     import equilens.solve as solve
     from equilens.objective import Objective
-    from equilens.solve._fit import parametrisation
+    from equilens.solve._parametrise import parametrisation
     from equilens.solve._start import start_model
 
     def short_fit(imaging, mass, lens_light, source, **kwargs):

@@ -324,7 +324,7 @@ def test_worker_processes_evaluate_what_this_process_does():
     interpreters, one Numba thread each) equal this process's, in order; a worker's
     error comes back with its traceback; the workers are gone after `close`."""
     from equilens.numba._terms import density
-    from equilens.solve._fit import parametrisation
+    from equilens.solve._parametrise import parametrisation
     from equilens.solve._workers import DensityPool
 
     objective, fit, free = _small_problem()

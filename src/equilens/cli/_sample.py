@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from .._files import atomic_path
-from ._source import _pixelized_stage
+from ._source import _pixelized_stage, default_mesh, make_mesh, make_regularization
 
 
 def run_sample(
@@ -60,7 +60,6 @@ def run_sample(
 
     matplotlib.use("Agg")
 
-    from ..cli import default_mesh, make_mesh, make_regularization
     from ..data import MultiBandImaging
     from ..solve import SamplingInterrupted, nested_sample, sample
 

@@ -21,8 +21,9 @@ from .._checks import is_traced
 from .._resources import check_memory_maps
 from .._sharding import check_mesh, lapack_batches_deadlock, replicate, shard, split_grids
 from ..objective import Objective, Parametrisation
-from ..objective._params import Bounds, Where, linear_leaves
+from ..objective._params import Bounds, Where
 from ..terms import UniformPrior
+from ._parametrise import parametrisation
 from ._result import RESULTS, FitResult
 
 SolverLike = (
@@ -345,38 +346,12 @@ def _limits(raw0, max_steps: int, rtol: float, atol: float) -> tuple[Array, Arra
     return jnp.asarray(int(max_steps)), jnp.asarray(rtol, dtype), jnp.asarray(atol, dtype)
 
 
-def _prior_bounds(objective: Objective) -> dict[Where, Bounds]:
-    out = {}
-    for t in objective.terms:
-        if isinstance(t, UniformPrior) and t.lower.ndim == 0 and t.upper.ndim == 0:
-            out[t.where] = (float(t.lower), float(t.upper))
-    return out
-
-
 def _default_tol(tol: float | None) -> float:
     # 1e-6 in float64; in float32 the objective's rounding (~1e-7 relative on a sum over
     # thousands of pixels) needs a looser rule
     if tol is not None:
         return float(tol)
     return 1e-6 if jnp.finfo(jnp.result_type(float)).bits == 64 else 1e-3
-
-
-def parametrisation(
-    objective: Objective,
-    model: PyTree[Any],
-    free: PyTree[bool] | Callable[[Any], bool] | None,
-    bounds: Mapping[Where, Bounds] | None,
-    check: bool = True,
-) -> Parametrisation:
-    """The free parameters and bounds `fit` uses for `objective` and `model`."""
-    return Parametrisation.build(
-        model,
-        linear_leaves(model, objective),
-        free=free,
-        bounds=bounds,
-        prior_bounds=_prior_bounds(objective),
-        check=check,
-    )
 
 
 def _prepare(objective, model, solver, free, bounds, max_steps, rtol, atol):

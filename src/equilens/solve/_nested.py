@@ -29,6 +29,7 @@ from jaxtyping import Float, PyTree
 
 from ..objective import Objective, Parametrisation
 from ..terms import GaussianPrior, UniformPrior
+from ._parametrise import parametrisation
 from ._result import FitResult
 from ._sample import (
     QUANTILES,
@@ -307,7 +308,6 @@ def nested_sample(
     from nautilus import Sampler
 
     from ..numba._terms import density
-    from ._fit import parametrisation
 
     if not isinstance(objective, Objective):
         raise TypeError(f"objective must be an equilens Objective, got {type(objective)}")

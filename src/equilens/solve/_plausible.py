@@ -14,6 +14,7 @@ from ..mass import MassSum
 from ..objective import Objective
 from ..objective._params import Bounds, Where
 from ..regularization import AbstractRegularization
+from ._parametrise import parametrisation
 from ._result import RESULTS, FitResult
 
 #: A free parameter closer to a finite bound than this fraction of its interval is "at" it.
@@ -76,7 +77,6 @@ def implausible_notes(
       amplitudes, e.g. solved non-negative, all zero), an Einstein radius beyond the data
       or smaller than two pixels (no lensing resolved).
     """
-    from ._fit import parametrisation
 
     notes: list[str] = []
     param = parametrisation(objective, model, free, bounds, check=False)

@@ -33,6 +33,7 @@ from .._sharding import check_mesh, lapack_batches_deadlock, replicate, shard, s
 from ..objective import Objective, Parametrisation
 from ..objective._params import _log_abs_slope
 from ..terms import LogEvidence
+from ._parametrise import parametrisation
 from ._result import FitResult
 
 #: the quantiles `Posterior.summary` and `Posterior.to_dict` report (median and the
@@ -367,8 +368,6 @@ def sample(
     """
     import blackjax
     from blackjax.adaptation.base import get_filter_adapt_info_fn
-
-    from ._fit import parametrisation
 
     if not isinstance(objective, Objective):
         raise TypeError(f"objective must be an equilens Objective, got {type(objective)}")
