@@ -1808,7 +1808,7 @@ def test_conditional_covariance_when_a_hyperparameter_is_unconstrained(dataset):
     objective = el.Objective(term)
     system = _system(el.RectangularMesh((10, 10)), el.AdaptiveBrightness(1.0, 1.0, 1.0), False)
     free = el.select(system, lambda s: (s.mass.components[0].theta_E, s.source.regularization))
-    from equilens.solve._fit import _covariance_jit
+    from equilens.solve._covariance import _covariance_jit
     from equilens.solve._parametrise import parametrisation
 
     # the gradient is finite (the normalisation of an all-zero signal once gave NaN) and

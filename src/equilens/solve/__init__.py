@@ -5,18 +5,19 @@ objectives: a loop of compiled fits on a CPU, vmapped on an accelerator, `batch_
 `nested_sample` (nautilus: weighted points and the evidence, a `NestedPosterior`),
 plausibility checks, saving and loading."""
 
-from ._fit import (
-    SOLVER_NAMES as SOLVER_NAMES,
+from ._batch import (
     MultiStart as MultiStart,
     batch_route as batch_route,
-    fit as fit,
     fit_batch as fit_batch,
     multi_start as multi_start,
     pick as pick,
     sample_starts as sample_starts,
+)
+from ._covariance import (
     with_conditional_covariance as with_conditional_covariance,
     with_smoothed_covariance as with_smoothed_covariance,
 )
+from ._fit import fit as fit
 from ._io import (
     load as load,
     result_to_dict as result_to_dict,
@@ -68,6 +69,7 @@ from ._search import (
     lens_search_space as lens_search_space,
     search as search,
 )
+from ._solvers import SOLVER_NAMES as SOLVER_NAMES
 from ._start import (
     LightMoments as LightMoments,
     light_moments as light_moments,

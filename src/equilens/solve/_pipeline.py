@@ -22,7 +22,8 @@ from ..terms import (
     MultiBandTerm,
     PositionsTerm,
 )
-from ._fit import SolverLike, fit, pick
+from ._batch import pick
+from ._fit import fit
 from ._plausible import SIZE_FIELDS, has_field
 from ._residuals import with_arc_check, with_band_arc_checks
 from ._result import RESULTS, FitResult
@@ -36,6 +37,7 @@ from ._search import (
     residual_placement,
     search,
 )
+from ._solvers import SolverLike
 from ._start import light_moments, start_model
 
 #: The Einstein radii `fit_lens` searches, as fractions of the mask radius, and its bounds.

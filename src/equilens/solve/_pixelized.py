@@ -27,17 +27,14 @@ from ..source import (
     PixelizedSource,
 )
 from ..terms import GaussianLikelihood, LogEvidence, MultiBandTerm, PositionsThreshold
-from ._fit import (
-    SolverLike,
-    fit,
-    parametrisation,
-    with_conditional_covariance,
-    with_smoothed_covariance,
-)
+from ._covariance import with_conditional_covariance, with_smoothed_covariance
+from ._fit import fit
+from ._parametrise import parametrisation
 from ._pipeline import _checked_positions
 from ._residuals import with_arc_check, with_band_arc_checks
 from ._result import FitResult
 from ._search import first_mass
+from ._solvers import SolverLike
 
 #: `fit_pixelized`'s positions threshold (arcsec, source plane): `POSITIONS_FACTOR` times
 #: the traced spread of the positions under the starting model, and at least

@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 
 from ..objective import Objective
-from ._fit import SolverLike, fit
+from ._fit import fit
 from ._result import RESULTS, FitResult
 from ._search import first_mass
+from ._solvers import SolverLike
 
 #: A minimum is a rival of the chosen one when its objective (minus the log-likelihood, or
 #: minus the log-evidence: natural-log units) is within `RIVAL_TOLERANCE` of the chosen

@@ -20,9 +20,11 @@ from ..light import LightSum
 from ..mass import ExternalShear, MassSum
 from ..objective import Objective
 from ..objective._params import Bounds, Where
-from ._fit import BatchRoute, SolverLike, fit, fit_batch, pick
+from ._batch import BatchRoute, fit_batch, pick
+from ._fit import fit
 from ._plausible import has_field, implausible_notes, with_plausibility
 from ._result import RESULTS, FitResult
+from ._solvers import SolverLike
 
 #: Default half-widths of `lens_search_space`: mass ellipticity components, shear
 #: components, and the source position as a fraction of the largest Einstein radius.

@@ -1,0 +1,225 @@
+"""A fit's covariance: the Laplace approximation at the optimum (`_covariance`), over a
+subset of the parameters (`with_conditional_covariance`), or from the curvature of the
+objective's values over 1-sigma steps where the autodiff Hessian is not positive definite
+(`with_smoothed_covariance`)."""
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from jaxtyping import Array, PyTree
+
+from ..objective import Objective, Parametrisation
+from ..objective._params import Bounds, Where
+from ._parametrise import parametrisation
+from ._result import RESULTS, FitResult
+
+
+def _covariance(objective: Objective, param: Parametrisation, model, least_squares: bool):
+    flat, unravel = ravel_pytree(param.values(model))
+    if flat.shape[0] == 0:
+        return jnp.zeros((0, 0), flat.dtype), jnp.array(True)
+
+    def at(p):
+        return param.with_values(unravel(p), model)
+
+    if least_squares:
+        jac = jax.jacfwd(lambda p: objective.residuals(at(p)))(flat)
+        hess = jac.T @ jac
+    else:
+        hess = jax.hessian(lambda p: objective(at(p)))(flat)
+    hess = 0.5 * (hess + hess.T)
+    # Jacobi scaling, then an eigendecomposition: robust to parameters of different units
+    d = jnp.sqrt(jnp.abs(jnp.diagonal(hess)))
+    s = jnp.where(d > 0, 1.0 / jnp.where(d > 0, d, 1.0), 0.0)
+    w, v = jnp.linalg.eigh(hess * s[:, None] * s[None, :])
+    eps = jnp.finfo(hess.dtype).eps
+    ok = (jnp.min(w) > 100 * eps * jnp.max(jnp.abs(w))) & jnp.all(d > 0)
+    cov = (v / jnp.where(w > 0, w, jnp.nan)[None, :]) @ v.T * s[:, None] * s[None, :]
+    cov = 0.5 * (cov + cov.T)
+    return cov, ok
+
+
+@eqx.filter_jit
+def _covariance_jit(objective: Objective, param: Parametrisation, model):
+    return _covariance(objective, param, model, objective.least_squares)
+
+
+def with_conditional_covariance(
+    result: FitResult,
+    objective: Objective,
+    free: PyTree[bool] | Callable[[Any], bool],
+    *,
+    bounds: Mapping[Where, Bounds] | None = None,
+) -> FitResult:
+    """`result` itself, unless its status is `RESULTS.covariance_failed` (the Hessian over
+    every free parameter is not positive definite: often one parameter the data leave
+    unconstrained, such as a regularization hyperparameter with no effect on the
+    evidence): then the covariance of the parameters `free` selects (a subset of the
+    fitted ones, e.g. the mass), the others held at their fitted values, i.e. the inverse
+    of the Hessian restricted to them. When that one is positive definite, the result
+    becomes successful with those errors, `NaN` for the held parameters, and a note that
+    says so; otherwise it is returned unchanged.
+
+    `objective` and `bounds` are those of the fit that gave `result`."""
+    if not bool(result.result == RESULTS.covariance_failed):
+        return result
+    param = parametrisation(objective, result.model, free, bounds, check=False)
+    kept = _kept(result, param, "with_conditional_covariance")
+    if not kept:
+        return result
+    cov, ok = _covariance_jit(objective, param, result.model)
+    if not bool(ok):
+        return result
+    held = [n for n in result.names if n not in set(kept)]
+    note = (
+        "the Hessian over every fitted parameter is not positive definite: errors of the "
+        "others with " + ", ".join(held) + " held at their fitted values (no error)"
+    )
+    return _with_errors(result, kept, np.asarray(cov), note)
+
+
+def _kept(result: FitResult, param: Parametrisation, caller: str) -> tuple[str, ...]:
+    kept = param.paths(result.model)
+    if not set(kept) <= set(result.names):
+        raise ValueError(
+            f"{caller}: `free` must select fitted parameters only, got "
+            f"{sorted(set(kept) - set(result.names))}"
+        )
+    return kept
+
+
+def _with_errors(result: FitResult, kept, cov: np.ndarray, note: str) -> FitResult:
+    """`result`, successful, with the covariance `cov` of the parameters `kept` (NaN for
+    the others) and `note` added."""
+    index = {n: i for i, n in enumerate(result.names)}
+    full = np.full((result.n_free, result.n_free), np.nan)
+    rows = [index[n] for n in kept]
+    full[np.ix_(rows, rows)] = cov
+    return dataclasses.replace(
+        result,
+        covariance=jnp.asarray(full, dtype=result.covariance.dtype),
+        result=RESULTS.successful,
+        notes=(*result.notes, note),
+    )
+
+
+#: `with_smoothed_covariance`'s step, in units of each parameter's 1-sigma error, and the
+#: most rounds it takes to make the steps and the errors agree (to 10%).
+SMOOTHING_STEP = 1.0
+
+
+SMOOTHING_ROUNDS = 6
+
+
+def _value_hessian(f: Callable[[Array], Array], z0: Array, h: np.ndarray) -> np.ndarray:
+    """The Hessian of `f` at `z0` by central differences of its values with steps `h`:
+    `(f(+i) - 2 f0 + f(-i)) / h_i^2` on the diagonal, `(f(+i+j) - f(+i-j) - f(-i+j) +
+    f(-i-j)) / (4 h_i h_j)` off it; exact for a quadratic whatever the step."""
+    n = z0.shape[0]
+    steps = np.diag(h)
+    points = [np.zeros(n)]
+    for i in range(n):
+        points += [steps[i], -steps[i]]
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    for i, j in pairs:
+        points += [steps[i] + steps[j], steps[i] - steps[j], steps[j] - steps[i]]
+        points += [-steps[i] - steps[j]]
+    at = z0[None, :] + jnp.asarray(np.stack(points), dtype=z0.dtype)
+    v = np.asarray(jax.lax.map(f, at), dtype=np.float64)
+    hess = np.empty((n, n))
+    # a step into a region where the objective is not finite (an invalid inversion) gives
+    # NaN entries, which `_inverse_pd` refuses: no warning for inf - inf
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i in range(n):
+            hess[i, i] = (v[1 + 2 * i] - 2 * v[0] + v[2 + 2 * i]) / h[i] ** 2
+        base = 1 + 2 * n
+        for k, (i, j) in enumerate(pairs):
+            a, b, c, d = v[base + 4 * k : base + 4 * k + 4]
+            hess[i, j] = hess[j, i] = (a - b - c + d) / (4 * h[i] * h[j])
+    return hess
+
+
+def _inverse_pd(hess: np.ndarray) -> np.ndarray | None:
+    """The inverse of a symmetric positive-definite `hess` (Jacobi-scaled eigendecomposition,
+    as `_covariance`), or None when it is not positive definite."""
+    d = np.sqrt(np.abs(np.diagonal(hess)))
+    if not np.all(d > 0) or not np.all(np.isfinite(hess)):
+        return None
+    w, v = np.linalg.eigh(hess / d[:, None] / d[None, :])
+    if not w.min() > 100 * np.finfo(float).eps * np.abs(w).max():
+        return None
+    cov = (v / w[None, :]) @ v.T / d[:, None] / d[None, :]
+    return 0.5 * (cov + cov.T)
+
+
+def with_smoothed_covariance(
+    result: FitResult,
+    objective: Objective,
+    free: PyTree[bool] | Callable[[Any], bool],
+    *,
+    bounds: Mapping[Where, Bounds] | None = None,
+    step: float = SMOOTHING_STEP,
+) -> FitResult:
+    """`result` itself, unless its status is `RESULTS.covariance_failed`: then the
+    covariance of the parameters `free` selects (all or some of the fitted ones; the
+    others held at their fitted values, `NaN` errors) from the curvature of the
+    objective's values on the scale of the errors, when that is positive definite.
+
+    For objectives that are rough on scales below their errors: the log-evidence of a
+    pixelized source changes its mapping whenever a traced image pixel crosses a cell of
+    the mesh (and an adaptive mesh moves its nodes with the mass), so it is smooth only
+    piecewise, and its autodiff Hessian, the curvature of one piece, can be indefinite at
+    a minimum that the values show plainly. Here the Hessian comes from central
+    differences of the values (unconstrained parametrisation, `2 n^2 + 1` evaluations for
+    `n` parameters) with a step of `step` times each parameter's 1-sigma error: first
+    estimated from the autodiff Hessian's diagonal, then from the errors so found, until
+    the steps change by less than 10% (at most `SMOOTHING_ROUNDS` rounds). The Laplace
+    approximation this gives is that of the objective smoothed over its 1-sigma region,
+    which is what the errors describe; the note says so.
+
+    `objective` and `bounds` are those of the fit that gave `result`."""
+    if not bool(result.result == RESULTS.covariance_failed):
+        return result
+    if not step > 0:
+        raise ValueError(f"step must be > 0 (in units of 1 sigma), got {step}")
+    model = result.model
+    param = parametrisation(objective, model, free, bounds, check=False)
+    kept = _kept(result, param, "with_smoothed_covariance")
+    if not kept:
+        return result
+    raw0, unravel = ravel_pytree(param.to_raw(model))
+
+    def value(z):
+        return objective(param.to_model(unravel(z), model))
+
+    f = jax.jit(value)
+    diag = np.abs(np.diagonal(np.asarray(jax.jit(jax.hessian(value))(raw0))))
+    h = np.where(diag > 0, step / np.sqrt(np.where(diag > 0, diag, 1.0)), 1e-3)
+    cov = None
+    for _ in range(SMOOTHING_ROUNDS):
+        cov = _inverse_pd(_value_hessian(f, raw0, h))
+        if cov is None:
+            return result
+        h, previous = step * np.sqrt(np.diagonal(cov)), h
+        if np.all(np.abs(h / previous - 1) < 0.1):
+            break
+    # from the unconstrained parametrisation to the physical values: J cov J^T
+    jac = np.asarray(
+        jax.jacfwd(lambda z: ravel_pytree(param.values(param.to_model(unravel(z), model)))[0])(raw0)
+    )
+    cov = jac @ cov @ jac.T
+    held = [n for n in result.names if n not in set(kept)]
+    note = (
+        "the autodiff Hessian is not positive definite (the objective is rough on scales "
+        f"below its errors): errors from the curvature of its values over {step:g}-sigma "
+        "steps (central differences)"
+    )
+    if held:
+        note += ", with " + ", ".join(held) + " held at their fitted values (no error)"
+    return _with_errors(result, kept, cov, note)
