@@ -138,8 +138,8 @@ def test_plot_and_numba_need_no_import_of_their_own():
     assert out.stdout.split() == ["plot_fit", "log_density"]
 
 
-#: Import cycles left (issue 48: the Numba backend's modules import one another's kernels
-#: inside functions); a new cycle fails, and so does one of these once it is gone.
+#: Import cycles left (issue 48: the Numba backend's modules import one another inside
+#: functions); a new cycle fails, and so does one of these once it is gone.
 KNOWN_CYCLES = [
     [
         "equilens.numba._api",
@@ -148,7 +148,6 @@ KNOWN_CYCLES = [
         "equilens.numba._profiles",
         "equilens.numba._terms",
     ],
-    ["equilens.numba._runtime", "equilens.numba._sparse_kernels"],
 ]
 
 

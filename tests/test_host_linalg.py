@@ -74,8 +74,7 @@ def test_not_positive_definite_gives_nan_and_a_zero_cotangent(bad):
 def test_lapack_threads_are_capped_and_never_raised(monkeypatch, cap):
     import threadpoolctl
 
-    from equilens.numba import _host_linalg
-    from equilens.numba._runtime import _kernels
+    from equilens.numba import _envelope_kernels, _host_linalg
 
     seen = []
     real = _host_linalg._lapack()
@@ -89,7 +88,7 @@ def test_lapack_threads_are_capped_and_never_raised(monkeypatch, cap):
         return wrapped
 
     monkeypatch.setattr(_host_linalg, "_lapack", lambda: tuple(spy(f) for f in real))
-    kernels = _kernels()
+    kernels = _envelope_kernels
     monkeypatch.setattr(kernels, "cholesky_envelope", spy(kernels.cholesky_envelope))
     monkeypatch.setattr(_host_linalg, "LAPACK_THREADS", cap)
     # (LAPACK takes at most half of Numba's threads: as on an 8-thread machine)
@@ -132,9 +131,9 @@ def _envelope_spd(n: int, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("nb", [1, 7, 16, 64, 200])
 def test_envelope_cholesky_is_the_dense_factor(nb):
-    from equilens.numba._runtime import _kernels
+    from equilens.numba import _envelope_kernels
 
-    kernels = _kernels()
+    kernels = _envelope_kernels
     a = _envelope_spd(150, seed=nb)
     assert np.mean(a == 0.0) > 0.3
     upper = np.triu(a)  # (the lower triangle is never read)
@@ -169,9 +168,9 @@ def _banded_with_wide_rows(n: int, seed: int) -> np.ndarray:
 def test_envelope_cholesky_solves_early_starting_rows_in_levels(nb):
     # the few rows that start far left of their block are solved apart, in levels, so
     # that the block's other rows keep their own window: still the dense factor
-    from equilens.numba._runtime import _kernels
+    from equilens.numba import _envelope_kernels
 
-    kernels = _kernels()
+    kernels = _envelope_kernels
     n = 500
     a = _banded_with_wide_rows(n, seed=nb)
     upper = np.triu(a)
@@ -219,7 +218,7 @@ def test_unscaled_solve_with_the_forward_half_in_the_factorisation(case):
     # block row by block row inside the factorisation (in the levels, the shared windows
     # and the diagonal blocks; on one dense block when the envelope is too wide), then
     # U x = y: x and log det as NumPy's
-    from equilens.numba import _sparse_kernels as kernels
+    from equilens.numba import _envelope_kernels as kernels
     from equilens.numba._host_linalg import _factor, _solve_factored
 
     n = 500
@@ -255,12 +254,12 @@ def test_unscaled_solve_with_the_forward_half_in_the_factorisation(case):
 
 @pytest.mark.parametrize("nb", [4, 64])
 def test_envelope_cholesky_reports_where_positive_definiteness_fails(nb):
-    from equilens.numba._runtime import _kernels
+    from equilens.numba import _envelope_kernels
 
     a = _envelope_spd(40, seed=3)
     a[25, 25] = 1e-3  # the leading 26 x 26 block is no longer positive definite
     first = next(k for k in range(1, 41) if np.any(np.linalg.eigvalsh(a[:k, :k]) <= 0))
-    info = _kernels().cholesky_envelope(np.triu(a), np.empty(40), nb=nb)
+    info = _envelope_kernels.cholesky_envelope(np.triu(a), np.empty(40), nb=nb)
     assert info == first
 
 
@@ -269,9 +268,9 @@ def test_envelope_inverse_is_the_inverse_on_the_envelope(nb, split):
     # the selected inverse from the envelope factor: exact on the envelope (every entry a
     # structure's derivative can need) and finite elsewhere in the upper triangle, with
     # the linear-light rows (dense, after `split`) in blocks of their own
-    from equilens.numba._runtime import _kernels
+    from equilens.numba import _envelope_kernels
 
-    kernels = _kernels()
+    kernels = _envelope_kernels
     n = 150
     a = _envelope_spd(n, seed=nb)
     if split is not None:  # dense trailing rows, coupled to everything

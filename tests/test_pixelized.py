@@ -1460,11 +1460,10 @@ def test_host_system_gradient_outside_the_envelope(monkeypatch, kind):
     # agrees on a derivative that stays inside (the strength). Given by its entries
     # (SparseSymmetric), the corner is in the pattern: the envelope holds it although its
     # value is zero, and the selected inverse is exact there too
-    from equilens.numba import _host_linalg
-    from equilens.numba._runtime import _kernels
+    from equilens.numba import _envelope_kernels, _host_linalg
     from equilens.source._sparse import sparse_gram, sparse_tables
 
-    monkeypatch.setattr(_kernels(), "ENVELOPE_BLOCK", 8)
+    monkeypatch.setattr(_envelope_kernels, "ENVELOPE_BLOCK", 8)
     rng = np.random.default_rng(3)
     ny, nx = 36, 30
     mask = np.zeros((ny, nx), bool)

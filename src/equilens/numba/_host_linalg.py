@@ -19,7 +19,7 @@ from the tile kernels, regularization, linear light) in one host call, without t
 tile kernels found (the matrix is not scanned for it), and returns with the solution the
 data misfit plus regularization term (`t^T t - x^T b`, so that the evidence does not need
 the model image); its reverse-mode rule forms `a^-1` only on the factor's envelope (a
-selected inverse, `_sparse_kernels.envelope_inverse`), which holds every entry its
+selected inverse, `_envelope_kernels.envelope_inverse`), which holds every entry its
 cotangents read, from the factor that the forward call left on the host with its tile
 blocks of `C` (`_FactorStore`; recomputed if missing).
 """
@@ -37,7 +37,8 @@ from jaxtyping import Array, Float, Int, Scalar
 from .._callback import host_callback
 from ..source._geometry import SparseSymmetric
 from ..source._sparse import SparseTables, table_arrays
-from ._runtime import LAPACK_THREADS, _threads, blas_threads, host64, kernel_operands, run_kernel
+from ._operands import kernel_operands
+from ._runtime import LAPACK_THREADS, _threads, blas_threads, host64, run_kernel
 
 
 def _lapack_threads() -> int:
@@ -73,7 +74,7 @@ def _factor(
     factored (`scale` is ones) on the envelope `start`, which must then hold every
     non-zero of its upper triangle (nothing is scanned). (The memory of `a` is the
     Fortran-order `a^T = a`, whose lower factor `L` is `U^T`.) Only the envelope of the
-    upper triangle is factored (`_sparse_kernels.envelope_cholesky`: the same factor, in
+    upper triangle is factored (`_envelope_kernels.envelope_cholesky`: the same factor, in
     a fraction of the dense flops when the rows' non-zeros start near the diagonal), in
     blocks that begin again at `split` (the dense linear-light rows). With `triangular`,
     the strict lower triangle is zeroed (the factor goes to JAX); without, it is left as
@@ -81,7 +82,7 @@ def _factor(
     (float64, length n; only without `scaled`), also `U^T y' = y` in place (the forward
     half of a solve, done while the factor's rows are still in cache; `_envelope_solve`
     with `forward=False` finishes it)."""
-    from ._sparse_kernels import cholesky_envelope, zero_lower
+    from ._envelope_kernels import cholesky_envelope, zero_lower
 
     n = a.shape[0]
     scale = np.empty(n) if scaled else None
@@ -98,7 +99,7 @@ def _envelope_solve(
 ):
     """`a^-1 b` from the factor `u` of `S a S` (`_factor`) and its envelope `start`
     (without `forward`, `b` is already `U^-T S b`, from `_factor`'s `y`)."""
-    from ._sparse_kernels import envelope_solve
+    from ._envelope_kernels import envelope_solve
 
     return envelope_solve(u, start, b * scale if forward else b, forward) * scale
 
@@ -135,9 +136,9 @@ def _inverse(
     """`a^-1 x_bar` and (the upper triangle of) `Z = (S a S)^-1`, in place of a writable
     float64 copy `u` of the factor (`a^-1 = S Z S`): all of it (LAPACK's `potri`), or,
     given the factor's envelope `start` (and `split`), only on that envelope
-    (`_sparse_kernels.envelope_inverse`: exact there and on its diagonal blocks, the
+    (`_envelope_kernels.envelope_inverse`: exact there and on its diagonal blocks, the
     factor's zeros in the rest of the upper triangle)."""
-    from ._sparse_kernels import inverse_envelope
+    from ._envelope_kernels import inverse_envelope
 
     with blas_threads(_lapack_threads()):
         if start is not None:
@@ -174,7 +175,7 @@ def _solve_bwd_host(u, scale, x, x_bar, l_bar):
     n = x.shape[0]
     if not np.all(np.isfinite(u)):
         return np.zeros((n, n), u.dtype), np.zeros(n, u.dtype)
-    from ._sparse_kernels import inverse_cotangent
+    from ._envelope_kernels import inverse_cotangent
 
     scale, x, x_bar = (np.asarray(v, np.float64) for v in (scale, x, x_bar))
     b_bar, z = _inverse(np.array(u, dtype=np.float64), scale, x_bar)
@@ -252,7 +253,7 @@ def _system_solved(
     e, first, nonzero, blocks = run_kernel(
         "forward_into", a, 0, n_s, idx, w, values, inv_sigma, *tables, keep=keep
     )
-    from ._sparse_kernels import add_entries, add_upper
+    from ._envelope_kernels import add_entries, add_upper
 
     # the factor's envelope: the non-zeros of F (from its tile blocks) + reg (the entries
     # of a sparse reg, whatever their values; a dense reg's are scanned), the linear rows
@@ -395,7 +396,7 @@ def _system_bwd_host(token, x_bar, l_bar, m_bar, *args, o, need, selected, spars
         reg_shape = rows.shape if sparse_reg else (n_s, n_s)
         shapes = {"w": w.shape, "values": values.shape, "reg": reg_shape, "gram": (o, o)}
         return tuple(np.zeros(shapes.get(name, (o,)), dtype) for name in need)  # rhs: (o,)
-    from ._sparse_kernels import entries_cotangent, inverse_cotangent
+    from ._envelope_kernels import entries_cotangent, inverse_cotangent
 
     x_bar = _rotate(np.asarray(x_bar, np.float64), o)
     l_bar = float(l_bar)
