@@ -232,7 +232,8 @@ def test_registered_kernels_are_used_for_new_classes():
         def potential(self, x, y):
             return 2 * self.inner.potential(x, y)
 
-    from equilens.numba._api import _MASS, mass_rows
+    from equilens.numba._api import mass_rows
+    from equilens.numba._registry import _MASS
 
     enb.register_mass(Twice)(lambda p, x, y, what: 2 * mass_rows(p.inner, x, y, what))
     try:
@@ -718,7 +719,7 @@ def test_bad_input_is_treated_alike_by_both_backends():
         enb.deflection(sie, np.asarray(x), np.asarray(y))
     # (without the annotations' check, the Numba backend's own: JAX's words)
     with pytest.raises(TypeError, match=r"incompatible shapes for broadcasting: \(3,\), \(4,\)"):
-        enb._api._flat(np.asarray(x), np.asarray(y))
+        enb._registry._flat(np.asarray(x), np.asarray(y))
     # a PSF of even size is refused where it is made, for both backends
     with pytest.raises(ValueError, match="odd side lengths"):
         el.PixelPSF(np.ones((4, 4)))

@@ -37,10 +37,6 @@ from ._api import (
     magnification as magnification,
     potential as potential,
     ray_shoot as ray_shoot,
-    register_basis as register_basis,
-    register_intensity as register_intensity,
-    register_mass as register_mass,
-    supported as supported,
 )
 from ._evidence import (
     Evidence as Evidence,
@@ -59,6 +55,12 @@ from ._image import (
     linear_images as linear_images,
     surface_brightness as surface_brightness,
 )
+from ._registry import (
+    register_basis as register_basis,
+    register_intensity as register_intensity,
+    register_mass as register_mass,
+)
+from ._supported import supported as supported
 from ._terms import (
     LogDensity as LogDensity,
     log_density as log_density,

@@ -55,8 +55,9 @@ from ..source._inversion import _NONNEG_ITERATIONS
 from ..source._mesh import CENTRES_MARGIN
 from ..source._sparse import sparse_tables, table_arrays
 from ..terms import LogEvidence
-from ._api import DEFLECTION, mass_rows, scalar
+from ._api import mass_rows
 from ._image import convolve, linear_images
+from ._registry import DEFLECTION, scalar
 from ._runtime import _LOCK, blas_threads, host64, per_object, run_kernel
 from ._terms import host_imaging, register_term
 

@@ -12,7 +12,8 @@ from .._lens_system import LensSystem
 from ..light import AbstractLinearLightProfile, LightSum
 from ..psf import AbstractPSF, FFTConvolution, PixelPSF
 from ..psf._psf import fft_padded_shape
-from ._api import DEFLECTION, _flat, light_intensity, mass_rows
+from ._api import light_basis, light_intensity, mass_rows
+from ._registry import DEFLECTION, _flat
 
 #: `method="auto"` convolves by direct summation up to this many kernel pixels (7 x 7),
 #: by FFT above (benchmarks/bench_numba.py: on 100 x 100 images the FFT wins from about
@@ -209,7 +210,6 @@ def linear_images(
     `system.linear_images(grid, psf, fields)`: `image = sum_k amp_k images[k] + fixed`
     (`fields` restricts both to the light of "lens_light" and/or "source"; with `fields`
     given, `images` may have no rows)."""
-    from ._api import light_basis
 
     # (the light components read directly: equinox wraps each method call of a module
     # in a new bound-method module, which cost more than the kernels of a small image)

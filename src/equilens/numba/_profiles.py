@@ -10,12 +10,12 @@ from ..mass._nfw import _CSE_A, _CSE_S
 from ..source import PixelizedSource, RectilinearGeometry, TriangulationGeometry
 from ..source._geometry import EDGE_SLACK, _barycentric_weights, _locate_host
 from . import _light_kernels as lk, _mass_kernels as mk
-from ._api import (
+from ._registry import (
     _ROWS,
     _writable,
     batch_members,
-    light_intensity,
-    mass_rows,
+    kernel_intensity,
+    kernel_rows,
     register_basis,
     register_intensity,
     register_mass,
@@ -69,7 +69,7 @@ def _multipole(profile, x, y, what):
 
 @register_mass(ms.MassSum)
 def _mass_sum(profile, x, y, what):
-    return functools.reduce(np.add, [mass_rows(c, x, y, what) for c in profile.components])
+    return functools.reduce(np.add, [kernel_rows(c, x, y, what) for c in profile.components])
 
 
 @register_mass(ms.MassBatch)
@@ -77,7 +77,7 @@ def _mass_batch(profile, x, y, what):
     members = batch_members(profile)
     if not members:
         return np.zeros((_ROWS[what], x.size))
-    return functools.reduce(np.add, [mass_rows(p, x, y, what) for p in members])
+    return functools.reduce(np.add, [kernel_rows(p, x, y, what) for p in members])
 
 
 @register_basis(lt.Gaussian)
@@ -116,12 +116,12 @@ def _shapelets(light, x, y):
 
 @register_intensity(lt.LightSum)
 def _light_sum(light, x, y):
-    return functools.reduce(np.add, [light_intensity(c, x, y) for c in light.components])
+    return functools.reduce(np.add, [kernel_intensity(c, x, y) for c in light.components])
 
 
 @register_intensity(lt.FixedLight)
 def _fixed_light(light, x, y):
-    return light_intensity(light.profile, x, y)
+    return kernel_intensity(light.profile, x, y)
 
 
 @register_intensity(PixelizedSource)

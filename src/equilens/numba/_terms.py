@@ -34,8 +34,9 @@ from ..terms import (
     UniformPrior,
 )
 from ..terms._positions import _source_plane_offsets
-from ._api import DEFLECTION, HESSIAN, mass_rows
+from ._api import mass_rows
 from ._image import image, linear_images
+from ._registry import DEFLECTION, HESSIAN
 from ._runtime import blas_threads, per_object
 
 TermFunction = Callable[[Any, Any], float]

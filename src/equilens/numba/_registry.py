@@ -1,0 +1,159 @@
+"""The Numba backend's registry of kernels, keyed by final class (`register_mass`,
+`register_basis`, `register_intensity`), the dispatch through it, and the conversions of a
+module's fields to the kernels' operands. Nothing here loads a kernel: `_api` loads the
+built-in ones (`_profiles`) on the first call that needs them, and `_profiles` registers
+them here."""
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+
+#: What a mass kernel computes: the rows of its output.
+DEFLECTION, POTENTIAL, HESSIAN = 0, 1, 2
+_ROWS = {DEFLECTION: 2, POTENTIAL: 1, HESSIAN: 3}
+
+#: `fn(profile, x, y, what) -> out` with `x`, `y` flat float64 and `out` of shape
+#: `(rows, x.size)`: deflection `(alpha_x, alpha_y)`, potential `(psi,)` or Hessian
+#: `(psi_xx, psi_xy, psi_yy)`.
+MassKernel = Callable[[Any, np.ndarray, np.ndarray, int], np.ndarray]
+#: `fn(profile, x, y) -> out` with `out` of shape `(n_basis, x.size)` (a linear profile's
+#: basis images) or `(x.size,)` (a light profile's intensity).
+LightKernel = Callable[[Any, np.ndarray, np.ndarray], np.ndarray]
+
+_MASS: dict[type, MassKernel] = {}
+_BASIS: dict[type, LightKernel] = {}
+_INTENSITY: dict[type, LightKernel] = {}
+
+
+def register_mass(cls: type) -> Callable[[MassKernel], MassKernel]:
+    """Registers the Numba kernel of the mass profile class `cls` (that class only, not its
+    subclasses): `fn(profile, x, y, what)` as `MassKernel` describes."""
+
+    def decorate(fn: MassKernel) -> MassKernel:
+        _MASS[cls] = fn
+        return fn
+
+    return decorate
+
+
+def register_basis(cls: type) -> Callable[[LightKernel], LightKernel]:
+    """Registers the basis-image kernel of the linear light profile class `cls`; its
+    intensity is then `amp . basis`."""
+
+    def decorate(fn: LightKernel) -> LightKernel:
+        _BASIS[cls] = fn
+        return fn
+
+    return decorate
+
+
+def register_intensity(cls: type) -> Callable[[LightKernel], LightKernel]:
+    """Registers the intensity kernel of the (non-linear) light profile class `cls`."""
+
+    def decorate(fn: LightKernel) -> LightKernel:
+        _INTENSITY[cls] = fn
+        return fn
+
+    return decorate
+
+
+def _not_implemented(obj: Any) -> NotImplementedError:
+    return NotImplementedError(
+        f"the Numba backend has no kernel for {type(obj).__name__} "
+        f"({type(obj).__module__}); register one with equilens.numba.register_mass, "
+        "register_basis or register_intensity"
+    )
+
+
+def scalar(module: Any, name: str) -> float:
+    """The field `name` of `module` as a Python float; a ValueError unless it is a scalar."""
+    try:
+        # (object.__getattribute__: a field read without equinox's method wrapping, which
+        # took half the Python time of a likelihood call)
+        arr = np.asarray(object.__getattribute__(module, name))
+    except jax.errors.TracerArrayConversionError:
+        raise TypeError(
+            f"{type(module).__name__}.{name} is a JAX tracer: the Numba backend runs on "
+            "concrete NumPy values, outside jit/grad/vmap"
+        ) from None
+    if arr.shape != ():
+        raise ValueError(
+            f"{type(module).__name__}.{name} must be a scalar, got shape {arr.shape} "
+            "(a batch of profiles is a MassBatch)"
+        )
+    return float(arr)
+
+
+def vector(module: Any, name: str) -> np.ndarray:
+    """The field `name` of `module` as a contiguous float64 vector."""
+    value = object.__getattribute__(module, name)
+    return _writable(np.asarray(value, np.float64).reshape(-1))
+
+
+def _writable(a: np.ndarray) -> np.ndarray:
+    # Numba compiles a separate specialisation for read-only arrays (NumPy views of JAX
+    # arrays are read-only): the kernels always get writable C-contiguous float64 ones
+    if a.flags.writeable and a.flags.c_contiguous:
+        return a
+    return np.array(a, order="C")
+
+
+def _flat(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    try:
+        shape = np.broadcast_shapes(x.shape, y.shape)
+    except ValueError:
+        # (the JAX methods' error: a TypeError from their first arithmetic)
+        raise TypeError(
+            f"x and y got incompatible shapes for broadcasting: {x.shape}, {y.shape}"
+        ) from None
+    if x.shape != shape or y.shape != shape:
+        x, y = np.broadcast_to(x, shape).copy(), np.broadcast_to(y, shape).copy()
+    return _writable(x.reshape(-1)), _writable(y.reshape(-1)), shape
+
+
+def kernel_rows(profile: Any, x: np.ndarray, y: np.ndarray, what: int) -> np.ndarray:
+    """`(rows, x.size)` of `profile` at flat float64 `x`, `y` (sums and batches summed), by
+    its registered kernel (`_api.mass_rows` loads the built-in kernels first)."""
+    kernel = _MASS.get(type(profile))
+    if kernel is None:
+        raise _not_implemented(profile)
+    return kernel(profile, x, y, what)
+
+
+def batch_members(batch: Any) -> list[Any]:
+    """The profiles of a `MassBatch`, one per index of its leading axis."""
+    # (sliced as NumPy arrays: indexing a JAX array dispatches a device op per leaf)
+    profiles = object.__getattribute__(batch, "profiles")
+    host = jax.tree.map(lambda a: np.asarray(a) if eqx.is_array(a) else a, profiles)
+    leaves = [leaf for leaf in jax.tree.leaves(host) if isinstance(leaf, np.ndarray)]
+    n = int(leaves[0].shape[0]) if leaves else 0
+    return [
+        jax.tree.map(lambda a, i=i: a[i] if isinstance(a, np.ndarray) else a, host)
+        for i in range(n)
+    ]
+
+
+def kernel_basis(light: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """`(n_basis, x.size)` basis images of a linear light profile at flat `x`, `y`, by its
+    registered kernel."""
+    kernel = _BASIS.get(type(light))
+    if kernel is None:
+        raise _not_implemented(light)
+    return kernel(light, x, y)
+
+
+def kernel_intensity(light: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """`(x.size,)` surface brightness of any light profile at flat `x`, `y`, by its
+    registered kernels (its intensity, or its amplitudes times its basis)."""
+    kernel = _INTENSITY.get(type(light))
+    if kernel is not None:
+        return kernel(light, x, y)
+    if type(light) in _BASIS:
+        amp = vector(light, "amp")
+        b = _BASIS[type(light)](light, x, y)
+        return amp[0] * b[0] if b.shape[0] == 1 else amp @ b
+    raise _not_implemented(light)
