@@ -227,3 +227,31 @@ def test_no_source_file_over_700_lines():
     sizes = {str(p.relative_to(root)): len(p.read_text().splitlines()) for p in root.rglob("*.py")}
     assert len(sizes) > 50
     assert {f: n for f, n in sizes.items() if n > 700} == {}
+
+
+def test_neither_backend_imports_a_private_name_of_the_other():
+    # a formula both backends need lives under a public name (issue 48): a change on one
+    # side then shows where the other uses it
+    import ast
+    import pathlib
+
+    root = pathlib.Path(el.__file__).parent
+    bad = []
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        package = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if package else parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = module.split(".") if package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("equilens"):
+                continue
+            if target.startswith("equilens.numba") != module.startswith("equilens.numba"):
+                bad += [f"{module} <- {target}.{a.name}" for a in node.names if a.name[0] == "_"]
+    assert bad == []

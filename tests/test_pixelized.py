@@ -1789,9 +1789,9 @@ def test_kept_triangulation_owns_its_nodes():
     inside = simplex >= 0
     assert inside.sum() > 100
     operand = nodes.copy()
-    _geometry._triangulate_host(operand)  # keeps its triangulation for the point location
+    _geometry.triangulate_host(operand)  # keeps its triangulation for the point location
     operand[:] = rng.normal(size=operand.shape)  # the operand's buffer, reused
-    verts, ok = _geometry._locate_host(nodes, q[:, 0], q[:, 1])  # takes the kept one
+    verts, ok = _geometry.locate_host(nodes, q[:, 0], q[:, 1])  # takes the kept one
     assert int(ok) == 1
     np.testing.assert_array_equal(
         np.sort(verts[inside], axis=1), np.sort(tri.simplices[simplex[inside]], axis=1)

@@ -103,7 +103,7 @@ class NFW(AbstractMassProfile):
 # Oguri (2021, PASP 133, 074504), Table 1: NFW convergence as a sum of 44 cored steep
 # ellipsoids, kappa_NFW(xi) ~ sum_i a_i / (2 (s_i^2 + xi^2)^(3/2)) in units of Rs
 # (relative accuracy ~1e-4 over 1e-4 < r/Rs < 1e3).
-_CSE_S = (
+CSE_S = (
     1.082411e-06,
     8.786566e-06,
     3.292868e-06,
@@ -149,7 +149,7 @@ _CSE_S = (
     2.143057e03,
     1.935749e03,
 )
-_CSE_A = (
+CSE_A = (
     1.648988e-18,
     6.274458e-16,
     3.646620e-17,
@@ -228,8 +228,8 @@ class EllipticalNFW(AbstractMassProfile):
     def _cse(self, x: GridArray, y: GridArray, want_potential: bool):
         dtype = jnp.result_type(x, self.center_x)
         axes = tuple(range(1, 1 + jnp.ndim(x)))
-        s = jnp.expand_dims(jnp.asarray(_CSE_S, dtype=dtype), axes)
-        a = jnp.expand_dims(jnp.asarray(_CSE_A, dtype=dtype), axes)
+        s = jnp.expand_dims(jnp.asarray(CSE_S, dtype=dtype), axes)
+        a = jnp.expand_dims(jnp.asarray(CSE_A, dtype=dtype), axes)
         norm = self.alpha_Rs * self.Rs / _ONE_PLUS_LN_HALF  # 4 rho0 Rs^3
 
         def polar(c, cos_phi, sin_phi):

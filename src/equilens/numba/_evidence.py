@@ -31,10 +31,10 @@ from ..regularization import (
 )
 from ..regularization._regularization import (
     RIDGE,
-    _rect_entries,
     brightness_weights,
     distances,
     matern,
+    rect_entries,
     topology_logdet,
 )
 from ..source import (
@@ -45,13 +45,13 @@ from ..source import (
 )
 from ..source._geometry import (
     EDGE_SLACK,
-    _barycentric_weights,
-    _locate_host,
-    _rect_rows,
-    _triangulate_host,
+    barycentric_weights,
     gram_values,
+    locate_host,
+    rect_rows,
+    triangulate_host,
 )
-from ..source._inversion import _NONNEG_ITERATIONS
+from ..source._inversion import NONNEG_ITERATIONS
 from ..source._mesh import CENTRES_MARGIN
 from ..source._sparse import sparse_tables, table_arrays
 from ..terms import LogEvidence
@@ -109,14 +109,14 @@ class Triangulation(NamedTuple):
         return self.points
 
     def interpolation(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        verts, ok = _locate_host(self.points, x, y)
-        w = _barycentric_weights(np, self.points[verts], verts, x, y)
+        verts, ok = locate_host(self.points, x, y)
+        w = barycentric_weights(np, self.points[verts], verts, x, y)
         # nodes SciPy could not triangulate: NaN weights, an invalid evidence (as in JAX)
         return verts.astype(np.int64), w if int(ok) else np.full_like(w, np.nan)
 
     @classmethod
     def triangulate(cls, points: np.ndarray) -> "Triangulation":
-        edges, weight = _triangulate_host(points)
+        edges, weight = triangulate_host(points)
         return cls(points, edges[weight > 0].astype(np.int64))
 
 
@@ -238,7 +238,7 @@ def _delaunay(mesh: DelaunayMesh, mass: Any, x: np.ndarray, y: np.ndarray) -> Tr
 
 def _gradient_rows(geometry: Geometry) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(geometry, Rectilinear):
-        return _rect_rows(geometry.ys.size, geometry.xs.size, 1)
+        return rect_rows(geometry.ys.size, geometry.xs.size, 1)
     idx = geometry.edges
     return idx, np.tile([1.0, -1.0], (idx.shape[0], 1))
 
@@ -260,7 +260,7 @@ def _difference_prior(
     n = geometry.n_pixels
     log_c = n * math.log(coefficient) if coefficient > 0 else math.nan
     if isinstance(geometry, Rectilinear):
-        r, c, v, logdet0 = _rect_entries(geometry.ys.size, geometry.xs.size, order, ridge)
+        r, c, v, logdet0 = rect_entries(geometry.ys.size, geometry.xs.size, order, ridge)
         return (r, c, coefficient * v), log_c + logdet0
     rows = _gradient_rows(geometry)
     logdet0 = topology_logdet(*rows, n, order, ridge)
@@ -556,7 +556,7 @@ def _positive_solve(a: np.ndarray, b: np.ndarray, constrained: np.ndarray):
 
     x = z = project(b_s)
     t = 1.0
-    for _ in range(_NONNEG_ITERATIONS):
+    for _ in range(NONNEG_ITERATIONS):
         x_new = project(z - step * (a_s @ z - b_s))
         t_new = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * t * t))
         z = x_new + ((t - 1.0) / t_new) * (x_new - x)

@@ -6,9 +6,9 @@ import numpy as np
 
 from .. import light as lt, mass as ms
 from ..light._shapelets import shapelet_indices
-from ..mass._nfw import _CSE_A, _CSE_S
+from ..mass._nfw import CSE_A, CSE_S
 from ..source import PixelizedSource, RectilinearGeometry, TriangulationGeometry
-from ..source._geometry import EDGE_SLACK, _barycentric_weights, _locate_host
+from ..source._geometry import EDGE_SLACK, barycentric_weights, locate_host
 from . import _light_kernels as lk, _mass_kernels as mk
 from ._registry import (
     _ROWS,
@@ -51,7 +51,7 @@ _mass(ms.PointMass, mk.point_mass, "theta_E", "center_x", "center_y")
 _mass(ms.ExternalShear, mk.shear, "gamma1", "gamma2", "ra_0", "dec_0")
 _mass(ms.ConvergenceSheet, mk.sheet, "kappa", "ra_0", "dec_0")
 
-_CSE = (np.asarray(_CSE_S, np.float64), np.asarray(_CSE_A, np.float64))
+_CSE = (np.asarray(CSE_S, np.float64), np.asarray(CSE_A, np.float64))
 
 
 @register_mass(ms.EllipticalNFW)
@@ -136,8 +136,8 @@ def _pixelized(light, x, y):
         # barycentric weights in the triangle (scipy's point location, as the JAX side's
         # host callback); the nearest node outside the convex hull
         points = np.asarray(object.__getattribute__(geometry, "points"), np.float64)
-        verts, ok = _locate_host(points, x, y)
-        w = _barycentric_weights(np, points[verts], verts, x, y)
+        verts, ok = locate_host(points, x, y)
+        w = barycentric_weights(np, points[verts], verts, x, y)
         if int(ok) == 0:
             w = np.full_like(w, np.nan)
         return np.sum(w * values[verts], axis=1)

@@ -33,7 +33,7 @@ from ..terms import (
     PositionsThreshold,
     UniformPrior,
 )
-from ..terms._positions import _source_plane_offsets
+from ..terms._positions import source_plane_offsets
 from ._api import mass_rows
 from ._image import image, linear_images
 from ._registry import DEFLECTION, HESSIAN
@@ -269,7 +269,7 @@ def _positions(term: PositionsTerm, model: Any) -> float:
     x, y = np.asarray(term.x, np.float64), np.asarray(term.y, np.float64)
     alpha = mass_rows(mass, x, y, DEFLECTION)
     fxx, fxy, fyy = mass_rows(mass, x, y, HESSIAN)
-    (rx, ry), (beta_x, beta_y) = _source_plane_offsets(x - alpha[0], y - alpha[1], fxx, fxy, fyy)
+    (rx, ry), (beta_x, beta_y) = source_plane_offsets(x - alpha[0], y - alpha[1], fxx, fxy, fyy)
     if term.plane != "source":
         tx, ty, ok = solve_lens_equation(mass, x, y, float(beta_x), float(beta_y))
         # (an image the solve cannot reach: an infinite residual, as in JAX)

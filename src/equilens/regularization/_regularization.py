@@ -34,7 +34,7 @@ _POSITIVE = (0.0, math.inf)
 
 
 @functools.cache
-def _rect_entries(
+def rect_entries(
     ny: int, nx: int, order: int, ridge: float = RIDGE
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """The upper triangle's non-zeros of `G^T G + ridge I` on an `ny x nx` rectilinear mesh
@@ -68,7 +68,7 @@ def _scaled_entries(
     n = geometry.n_pixels
     dtype = coefficient.dtype
     if isinstance(geometry, RectilinearGeometry):
-        r, c, v, logdet0 = _rect_entries(*geometry.shape, order, ridge)
+        r, c, v, logdet0 = rect_entries(*geometry.shape, order, ridge)
         entries = SparseSymmetric(r, c, coefficient * jnp.asarray(v, dtype), n)
         return entries, n * jnp.log(coefficient) + logdet0
     if order != 1:

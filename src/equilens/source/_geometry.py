@@ -120,7 +120,10 @@ class AbstractGeometry(eqx.Module):
 
 
 @functools.cache
-def _rect_rows(ny: int, nx: int, order: int) -> tuple[np.ndarray, np.ndarray]:
+def rect_rows(ny: int, nx: int, order: int) -> tuple[np.ndarray, np.ndarray]:
+    """The neighbour pairs of an `ny x nx` rectilinear mesh (row-major pixel indices):
+    adjacent pixels for `order` 1, and for order 2 the three-pixel runs whose second
+    difference the curvature regularization takes (shared by both backends)."""
     ids = np.arange(ny * nx).reshape(ny, nx)
     if order == 1:
         pairs = [np.stack([ids[:, :-1].ravel(), ids[:, 1:].ravel()], 1)]
@@ -137,7 +140,7 @@ def _rect_rows(ny: int, nx: int, order: int) -> tuple[np.ndarray, np.ndarray]:
 def rect_operator_matrix(ny: int, nx: int, order: int) -> np.ndarray:
     """`G^T G` (dense NumPy, float64) of the first (`order=1`) or second (`order=2`)
     differences along the rows and columns of an `ny x nx` rectilinear mesh."""
-    idx, coef = _rect_rows(ny, nx, order)
+    idx, coef = rect_rows(ny, nx, order)
     out = np.zeros((ny * nx, ny * nx))
     for a in range(idx.shape[1]):
         for b in range(idx.shape[1]):
@@ -194,7 +197,7 @@ class RectilinearGeometry(AbstractGeometry):
         return idx, jnp.where(inside[:, None], w, 0.0)
 
     def gradient_rows(self) -> SparseRows:
-        idx, coef = _rect_rows(*self.shape, 1)
+        idx, coef = rect_rows(*self.shape, 1)
         return jnp.asarray(idx), jnp.asarray(coef, dtype=self.xs.dtype)
 
     def curvature_matrix(self) -> Float[Array, "n n"]:
@@ -289,7 +292,10 @@ _TRIANGULATIONS: collections.OrderedDict = collections.OrderedDict()
 _TRIANGULATIONS_LOCK = threading.Lock()
 
 
-def _triangulate_host(nodes: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+def triangulate_host(nodes: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """The edges of the Delaunay triangulation of `nodes` (`(n, 2)`, on the host), padded to
+    `3 n` rows, and a weight per row (1 for an edge, 0 for padding; all 0 when the nodes
+    cannot be triangulated). Shared by both backends."""
     pts = np.asarray(nodes, dtype=np.float64)
     n = pts.shape[0]
     edges = np.zeros((3 * n, 2), np.int32)
@@ -309,7 +315,12 @@ def _triangulate_host(nodes: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     return edges, weight
 
 
-def _locate_host(nodes: ArrayLike, x: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+def locate_host(nodes: ArrayLike, x: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """For each point `(x, y)`, the node indices of the Delaunay triangle of `nodes` that
+    holds it (on the host; the nearest node three times for a point outside the convex
+    hull), the rows `barycentric_weights` takes, and a flag (0 when the nodes cannot be
+    triangulated or a point is not finite: the rows are then zeros). Shared by both
+    backends."""
     from scipy.spatial import KDTree
 
     pts = np.asarray(nodes, dtype=np.float64)
@@ -326,7 +337,7 @@ def _locate_host(nodes: ArrayLike, x: ArrayLike, y: ArrayLike) -> tuple[np.ndarr
     return verts, np.ones((), np.int32)
 
 
-def _barycentric_weights(xp, p, verts, x, y):
+def barycentric_weights(xp, p, verts, x, y):
     """Barycentric weights `(m, 3)` of points `(x, y)` in the triangles of vertices `p`
     (`(m, 3, 2)`, node indices `verts`); a point located at a single node (outside the
     convex hull: `verts` repeats it) or in a degenerate triangle gets `(1, 0, 0)`. `xp` is
@@ -370,7 +381,7 @@ class TriangulationGeometry(AbstractGeometry):
             jax.ShapeDtypeStruct((3 * n,), jnp.int32),
         )
         edges, weight = host_callback(
-            _triangulate_host, shapes, jax.lax.stop_gradient(nodes), vmap_method="sequential"
+            triangulate_host, shapes, jax.lax.stop_gradient(nodes), vmap_method="sequential"
         )
         return cls(points=nodes, edges=edges, edge_weight=weight)
 
@@ -389,14 +400,14 @@ class TriangulationGeometry(AbstractGeometry):
             jax.ShapeDtypeStruct((), jnp.int32),
         )
         verts, ok = host_callback(
-            _locate_host,
+            locate_host,
             shapes,
             jax.lax.stop_gradient(self.points),
             jax.lax.stop_gradient(x),
             jax.lax.stop_gradient(y),
             vmap_method="sequential",
         )
-        w = _barycentric_weights(jnp, self.points[verts], verts, x, y)
+        w = barycentric_weights(jnp, self.points[verts], verts, x, y)
         # nodes the host could not triangulate: NaN weights make the evidence invalid
         return verts, jnp.where(ok > 0, w, jnp.nan)
 

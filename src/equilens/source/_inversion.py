@@ -30,8 +30,8 @@ from .._grid import Grid
 from ..psf import FFTConvolution
 from ._geometry import AbstractGeometry
 
-# Accelerated projected-gradient iterations of the positive-only solve.
-_NONNEG_ITERATIONS = 500
+#: Accelerated projected-gradient iterations of the positive-only solve (both backends).
+NONNEG_ITERATIONS = 500
 
 
 def mapped_pixels(
@@ -269,7 +269,7 @@ def _projected_solve(
 
     x0 = project(b)
     one = jnp.ones((), a.dtype)
-    x, _, _ = jax.lax.fori_loop(0, _NONNEG_ITERATIONS, body, (x0, x0, one))
+    x, _, _ = jax.lax.fori_loop(0, NONNEG_ITERATIONS, body, (x0, x0, one))
     return x
 
 

@@ -19,7 +19,7 @@ def _vector(x: Float[ArrayLike, "..."]) -> Float[Array, "..."]:
     return as_float(x)
 
 
-def _source_plane_offsets(bx, by, fxx, fxy, fyy):
+def source_plane_offsets(bx, by, fxx, fxy, fyy):
     """The image-plane offsets `A_i^-1 (beta_i - beta)` of traced images `(bx, by)` from
     the best common source position `beta` (the `A^-T A^-1`-weighted mean: Oguri 2010),
     and `beta`, from the Hessians at the images. Arithmetic and `.sum()` only, so that
@@ -78,7 +78,7 @@ class PositionsTerm(AbstractLeastSquaresTerm):
         mass = model.mass if isinstance(model, LensSystem | MultiBandLensSystem) else model
         bx, by = mass.ray_shoot(self.x, self.y)
         fxx, fxy, _, fyy = mass.hessian(self.x, self.y)
-        (rx, ry), (beta_x, beta_y) = _source_plane_offsets(bx, by, fxx, fxy, fyy)
+        (rx, ry), (beta_x, beta_y) = source_plane_offsets(bx, by, fxx, fxy, fyy)
         if self.plane != "source":
             tx, ty, ok = solve_lens_equation(mass, self.x, self.y, beta_x, beta_y)
             # an image the Newton solve cannot reach gives an infinite residual (a step
