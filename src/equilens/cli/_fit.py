@@ -4,6 +4,7 @@ import os
 import sys
 import time
 
+from ._parametric import parametric_fit
 from ._partial import Partial
 from ._source import (
     _pixelized_stage,
@@ -56,20 +57,19 @@ def run_fit(
     )
     # a progress bar per fit when a person is watching (stderr is a terminal)
     progress = sys.stderr.isatty()
-    parametric = "sersic" if source == "pixelized" else source
-    result = fit_lens(
+    result = parametric_fit(
+        fit_lens,
         imaging,
         mass,
         lens_light,
-        parametric,
+        source,
+        pixelized=source == "pixelized",
         solver=solver,
-        max_steps=300 if max_steps is None else max_steps,
+        max_steps=max_steps,
         positions=positions,
         positions_sigma=positions_sigma,
         progress=progress,
-        on_stage=None if partial is None else partial.keep,
-        # the pixelized chain describes the source itself: it starts from one Sersic
-        second_source=source != "pixelized",
+        partial=partial,
     )
     extra = dict(extra or {})
     folder = os.path.dirname(os.path.abspath(json_path))
@@ -155,18 +155,19 @@ def run_fit_multiband(
         f"{len(data)} bands: {sizes}"
     )
     progress = sys.stderr.isatty()
-    result = fit_multiband(
+    result = parametric_fit(
+        fit_multiband,
         data,
         mass,
         lens_light,
-        "sersic" if pixelized else source,
+        source,
+        pixelized=pixelized,
         solver=solver,
-        max_steps=300 if max_steps is None else max_steps,
+        max_steps=max_steps,
         positions=positions,
         positions_sigma=positions_sigma,
         progress=progress,
-        on_stage=None if partial is None else partial.keep,
-        second_source=not pixelized,
+        partial=partial,
     )
     folder = os.path.dirname(os.path.abspath(json_path))
     os.makedirs(folder, exist_ok=True)

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from .._files import atomic_path
+from ._parametric import parametric_fit
 from ._source import _pixelized_stage, default_mesh, make_mesh, make_regularization
 
 
@@ -283,18 +284,19 @@ def _fit_one(
     from ..solve._pixelized import _evidence_fit
     from ..terms import GaussianLikelihood, LogEvidence
 
-    result = fit_lens(
+    result = parametric_fit(
+        fit_lens,
         imaging,
         mass,
         lens_light,
-        "sersic" if pix_mesh is not None else source,
+        source,
+        pixelized=pix_mesh is not None,
         solver=solver,
-        max_steps=300 if max_steps is None else max_steps,
+        max_steps=max_steps,
         positions=positions,
         positions_sigma=positions_sigma,
         progress=progress,
-        on_stage=None if partial is None else partial.keep,
-        second_source=pix_mesh is None,
+        partial=partial,
     )
     if pix_mesh is None:
         terms: list = [GaussianLikelihood(imaging, nonnegative=True)]
@@ -359,18 +361,19 @@ def _fit_bands(
 
     if partial is not None:
         partial.band_names = data.names
-    result = fit_multiband(
+    result = parametric_fit(
+        fit_multiband,
         data,
         mass,
         lens_light,
-        "sersic" if pix_mesh is not None else source,
+        source,
+        pixelized=pix_mesh is not None,
         solver=solver,
-        max_steps=300 if max_steps is None else max_steps,
+        max_steps=max_steps,
         positions=positions,
         positions_sigma=positions_sigma,
         progress=progress,
-        on_stage=None if partial is None else partial.keep,
-        second_source=pix_mesh is None,
+        partial=partial,
     )
     first = data.bands[0]
     if pix_mesh is None:
