@@ -7,7 +7,7 @@ import equinox as eqx
 import pytest
 
 import equilens as el
-from equilens import light, mass, psf, regularization, source, terms
+from equilens import inversion, light, mass, psf, regularization, source, terms
 
 ROOTS = [
     mass.AbstractMassProfile,
@@ -17,6 +17,7 @@ ROOTS = [
     source.AbstractMesh,
     source.AbstractGeometry,
     regularization.AbstractRegularization,
+    inversion.AbstractRoute,
 ]
 
 # Concrete methods (and properties) of abstract classes that a final class may replace by an
@@ -101,7 +102,19 @@ def test_public_classes_are_equinox_modules():
     from equilens import data, objective, solve
 
     found = {}
-    for pkg in (el, mass, light, psf, regularization, source, terms, data, objective, solve):
+    for pkg in (
+        el,
+        mass,
+        light,
+        psf,
+        regularization,
+        source,
+        terms,
+        data,
+        objective,
+        solve,
+        inversion,
+    ):
         for name in dir(pkg):
             obj = getattr(pkg, name)
             if name.startswith("_") or not inspect.isclass(obj):

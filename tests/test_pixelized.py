@@ -4,6 +4,7 @@ implementation, round-off reconstruction, gradients, evidence scans and bad inpu
 import concurrent.futures
 import dataclasses
 import math
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -410,20 +411,102 @@ def test_auto_route_is_sparse_on_cpu_and_dense_on_accelerators(dataset):
     term = el.LogEvidence(dataset)
     on_cpu = jax.default_backend() == "cpu"
     assert term.route_for(120, 4) == ("sparse" if on_cpu else "dense")
-    assert (term.tables is not None) == on_cpu
-    assert el.LogEvidence(dataset, route="dense").tables is None
+    assert [r.name for r in term.routes()] == (["sparse"] if on_cpu else ["dense"])
+    assert [r.name for r in el.LogEvidence(dataset, route="dense").routes()] == ["dense"]
 
 
 @pytest.mark.precision_independent
 def test_sparse_route_without_numba_is_a_clear_error(dataset, monkeypatch):
-    from equilens.terms import _evidence
+    from equilens.numba import SparseRoute
 
-    monkeypatch.setattr(_evidence, "numba_available", lambda: False)
+    monkeypatch.setattr(SparseRoute, "available", classmethod(lambda cls: False))
     with pytest.raises(ImportError, match="numba"):
         el.LogEvidence(dataset, route="sparse")
     term = el.LogEvidence(dataset)
-    assert term.tables is None
+    assert "sparse" not in [r.name for r in term.routes()]
     assert term.route_for(120, 4) in ("w_tilde", "dense")
+
+
+class _TransposedDenseRoute(el.inversion.AbstractRoute):
+    # a route of a user's own: F, D and E_L from the dense blurred mapping, formed as
+    # (C^T)^T (C^T) from its transpose (a different order of operations than "dense")
+    name: ClassVar[str] = "transposed_dense"
+    host: ClassVar[bool] = False
+
+    @classmethod
+    def available(cls) -> bool:
+        return True
+
+    @classmethod
+    def prepare(cls, data: el.inversion.RouteData) -> "_TransposedDenseRoute":
+        del data
+        return cls()
+
+    def cost(self, n_source: int, n_weights: int, n_pixels: int) -> float:
+        return 1.0
+
+    def solve(self, problem: el.inversion.LinearProblem, errors: bool) -> el.inversion.Solved:
+        p = problem
+        ny, nx = p.convolution.image_shape
+        blurred = el.inversion.blur_mapping(p.idx, p.w, p.n_source, p.mapped, p.convolution)
+        ct = (blurred.reshape(p.n_source, ny * nx)[:, p.pixels] * p.inv_sigma[None, :]).T
+        return p.solve(ct.T @ ct, ct.T @ p.target, ct.T @ p.light.T)
+
+
+@pytest.mark.precision_independent
+def test_a_registered_route_is_taken_by_name_and_gives_the_dense_evidence(dataset, monkeypatch):
+    from equilens.inversion import _routes
+
+    monkeypatch.setattr(_routes, "_REGISTERED", dict(_routes._REGISTERED))
+    assert "transposed_dense" not in el.inversion.route_names()
+    with pytest.raises(ValueError, match="route must be one of"):
+        el.LogEvidence(dataset, route="transposed_dense")
+    el.inversion.register_route(_TransposedDenseRoute)
+    assert "transposed_dense" in el.inversion.route_names()
+    with pytest.raises(ValueError, match="already registered"):
+        el.inversion.register_route(
+            type("Other", (_TransposedDenseRoute,), {"name": "dense"})  # a second "dense"
+        )
+    with pytest.raises(TypeError, match="RectangularMesh"):
+        el.inversion.register_route(el.RectangularMesh)  # type: ignore[arg-type]
+    system = _system(_mesh("rect", dataset), _reg("constant"))
+    term = el.LogEvidence(dataset, route="transposed_dense")
+    inv = _invert(term, system)
+    dense = _invert(el.LogEvidence(dataset, route="dense"), system)
+    assert inv.route == "transposed_dense"
+    assert term.route_for(120, 4) == "transposed_dense"
+    tol = 1e-11 if X64 else 1e-4
+    assert abs(float(inv.log_evidence - dense.log_evidence)) <= tol * abs(float(dense.log_evidence))
+    # and for one call, on a term prepared for another route
+    dense_route = eqx.filter_jit(lambda t, s: t.invert(s, route="dense"))
+    assert dense_route(term, system).route == "dense"
+    w_tilde_route = eqx.filter_jit(lambda t, s: t.invert(s, route="w_tilde"))
+    with pytest.raises(ValueError, match="needs LogEvidence"):
+        w_tilde_route(el.LogEvidence(dataset, route="dense"), system)
+
+
+@pytest.mark.precision_independent
+def test_auto_route_chooses_between_dense_and_w_tilde_by_cost(dataset):
+    inv = el.inversion
+    pixels = np.asarray(el.LogEvidence(dataset, route="dense").pixels)
+    mask = np.asarray(dataset.mask)
+    kernel = np.asarray(dataset.psf.kernel())
+    data = inv.RouteData(
+        kernel=kernel,
+        weight=np.where(mask, 1.0 / np.asarray(dataset.noise_map) ** 2, 0.0),
+        pixels=pixels,
+        mapped=inv.mapped_pixels(mask, kernel.shape),
+        dtype=np.dtype(np.float64),
+        platform="cpu-without-numba",
+    )
+    # (a platform other than "cpu": dense alone, as on an accelerator)
+    assert [r.name for r in inv.AutoRoute.prepare(data).routes] == ["dense"]
+    auto = inv.AutoRoute((inv.DenseRoute(), inv.WTildeRoute.prepare(data)))
+    n = pixels.size
+    small, large = auto.choose(4, 4, n), auto.choose(2000, 4, n)
+    assert (small.name, large.name) == ("dense", "w_tilde")
+    w_tilde = auto.routes[1]
+    assert w_tilde.cost(2000, 4, n) < auto.routes[0].cost(2000, 4, n)
 
 
 @pytest.mark.x64_only
@@ -1244,7 +1327,7 @@ def test_batched_evidence_fits_run_for_every_mesh_kind():
 def _random_tile_inputs(n_s=60, shape=(30, 26), k=4, m=2, geometry=False):
     """Random interpolation arrays and tables of the sparse route on an irregular mask
     (with `geometry`, also the kernel, mask pixels and mapped pixels)."""
-    from equilens.source._sparse import sparse_tables
+    from equilens.numba._sparse_route import sparse_tables
 
     rng = np.random.default_rng(7)
     ny, nx = shape
@@ -1375,7 +1458,7 @@ def test_host_system_envelope_is_narrower_than_the_tiles_structure():
     # outside F's envelope): it must give the dense solution and log det
     from equilens.numba._host_linalg import sparse_system_solve
     from equilens.numba._runtime import _kernels
-    from equilens.source._sparse import sparse_tables, table_arrays
+    from equilens.numba._sparse_route import sparse_tables, table_arrays
 
     rng = np.random.default_rng(11)
     n = 144
@@ -1461,7 +1544,7 @@ def test_host_system_gradient_outside_the_envelope(monkeypatch, kind):
     # (SparseSymmetric), the corner is in the pattern: the envelope holds it although its
     # value is zero, and the selected inverse is exact there too
     from equilens.numba import _envelope_kernels, _host_linalg
-    from equilens.source._sparse import sparse_gram, sparse_tables
+    from equilens.numba._sparse_route import sparse_gram, sparse_tables
 
     monkeypatch.setattr(_envelope_kernels, "ENVELOPE_BLOCK", 8)
     rng = np.random.default_rng(3)
@@ -1536,7 +1619,7 @@ def test_host_system_cotangents_of_every_operand():
     # regularization, for x, log det a and the misfit t^T t - x^T b each weighted,
     # against JAX's derivative of the same system solved densely
     from equilens.numba import _host_linalg
-    from equilens.source._sparse import SparseTables, sparse_gram
+    from equilens.numba._sparse_route import SparseTables, sparse_gram
 
     n_s, arrays = _random_tile_inputs(m=3)
     idx, w, values, inv_sigma = (jnp.asarray(a) for a in arrays[:4])

@@ -8,6 +8,7 @@ normalisations for shared profiles.
 
 from . import (
     data as data,
+    inversion as inversion,
     lensing as lensing,
     light as light,
     mass as mass,
@@ -84,9 +85,13 @@ __version__ = "0.1.0"
 # leaves JAX's configuration alone)
 _configure_on_import()
 
-#: Submodules imported on first use (matplotlib, Numba): `el.plot.plot_fit(...)` works after
+# The Numba backend (Numba itself is imported on its first use): it registers the
+# pixelized inversion's "sparse" route with `equilens.inversion`.
+from . import numba as numba  # noqa: E402
+
+#: Submodules imported on first use (matplotlib): `el.plot.plot_fit(...)` works after
 #: `import equilens as el` alone.
-_LAZY = ("plot", "numba")
+_LAZY = ("plot",)
 
 
 def __getattr__(name: str):

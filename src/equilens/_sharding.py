@@ -95,12 +95,13 @@ def lapack_batches_deadlock(mesh: Mesh) -> bool:
 def _check_host_routes(x: Any, mesh: Mesh) -> None:
     """Refuses a pixelized-evidence term whose solve runs on the host (the "sparse" route's
     callback sees whole arrays: it cannot be split over devices)."""
+    from .inversion import solves_on_host
     from .terms import LogEvidence
 
     if mesh.size == 1:
         return
     for node in jax.tree.leaves(x, is_leaf=lambda n: isinstance(n, LogEvidence)):
-        if isinstance(node, LogEvidence) and (node.route == "sparse" or node.tables is not None):
+        if isinstance(node, LogEvidence) and solves_on_host(node.solver):
             raise ValueError(
                 "this LogEvidence term solves on the host (route 'sparse', the default on "
                 "CPU with Numba), through a callback that sees whole arrays and cannot be "

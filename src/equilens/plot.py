@@ -12,8 +12,8 @@ from ._files import atomic_path
 from ._grid import Grid
 from ._lens_system import LensSystem
 from .data import Imaging
+from .inversion import Inversion
 from .lensing import critical_curves, source_plane_lines
-from .source import Inversion
 
 
 def _source_zoom(

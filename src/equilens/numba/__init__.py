@@ -24,8 +24,9 @@ subclasses): `register_mass`, `register_basis` (linear light profiles) and
 `register_intensity`; source meshes and regularizations likewise (`register_mesh`,
 `register_regularization`), and objective terms (`register_term`). A class without one
 raises `NotImplementedError` naming it; `supported(cls)` says whether one is registered.
-All of equilens's `@numba.njit` code lives in this subpackage, including the kernels of
-the pixelized "sparse" route.
+All of equilens's `@numba.njit` code lives in this subpackage, including the pixelized
+inversion's "sparse" route (`SparseRoute`: tiled kernels, host Cholesky and factor store),
+which registers itself with `equilens.inversion` on import.
 """
 
 from ._api import (
@@ -60,6 +61,7 @@ from ._registry import (
     register_intensity as register_intensity,
     register_mass as register_mass,
 )
+from ._sparse_route import SparseRoute as SparseRoute
 from ._supported import supported as supported
 from ._terms import (
     LogDensity as LogDensity,

@@ -22,6 +22,7 @@ import scipy.linalg
 from jaxtyping import Float, Int
 
 from .._lens_system import LensSystem
+from ..inversion import NONNEG_ITERATIONS
 from ..regularization import (
     AdaptiveBrightness,
     ConstantRegularization,
@@ -51,14 +52,14 @@ from ..source._geometry import (
     rect_rows,
     triangulate_host,
 )
-from ..source._inversion import NONNEG_ITERATIONS
 from ..source._mesh import CENTRES_MARGIN
-from ..source._sparse import sparse_tables, table_arrays
 from ..terms import LogEvidence
 from ._api import mass_rows
 from ._image import convolve, linear_images
 from ._registry import DEFLECTION, scalar
 from ._runtime import _LOCK, blas_threads, host64, per_object, run_kernel
+from ._sparse_route import SparseRoute
+from ._sparse_tables import sparse_tables, table_arrays
 from ._terms import host_imaging, register_term
 
 # --------------------------------------------------------------------------------------
@@ -370,8 +371,10 @@ class _HostEvidence:
         self.data = self.imaging.data
         self.norm = float(np.sum(2.0 * np.log(noise)) + math.log(2 * math.pi) * noise.size)
         self.kernel = np.asarray(imaging.psf.kernel(), np.float64)
-        tables = term.tables
-        if tables is None:
+        sparse = [r for r in term.routes() if isinstance(r, SparseRoute)]
+        if sparse:
+            tables = sparse[0].tables
+        else:
             tables = sparse_tables(self.kernel, self.grid.shape, self.pixels, self.mapped)
         self.tables = tuple(host64(*table_arrays(tables)))
 
@@ -384,7 +387,7 @@ def _host(term: LogEvidence) -> _HostEvidence:
 
 
 class Evidence(NamedTuple):
-    """The Numba backend's inversion (a subset of `equilens.source.Inversion`, NumPy):
+    """The Numba backend's inversion (a subset of `equilens.inversion.Inversion`, NumPy):
     the source values on `geometry`'s nodes, the linear amplitudes, the evidence's terms
     (`fit` is chi2 + `s^T H s`) and the log evidence (`-inf` when the system is
     singular)."""
@@ -537,7 +540,7 @@ def _nonnegative(h, n_s, idx, w, values, reg, gram, rhs, images, fixed, profiled
 
 
 def _positive_solve(a: np.ndarray, b: np.ndarray, constrained: np.ndarray):
-    """`solve_system(a, b, constrained)` of `equilens.source._inversion` in NumPy: Jacobi
+    """`solve_system(a, b, constrained)` of `equilens.inversion` in NumPy: Jacobi
     scaling, the accelerated projected-gradient active set (the same iterations), the
     exact solve on the free entries; `x` and `log det a` (NaN when `a` is not positive
     definite)."""

@@ -36,9 +36,9 @@ from jaxtyping import Array, Float, Int, Scalar
 
 from .._callback import host_callback
 from ..source._geometry import SparseSymmetric
-from ..source._sparse import SparseTables, table_arrays
 from ._operands import kernel_operands
 from ._runtime import LAPACK_THREADS, _threads, blas_threads, host64, run_kernel
+from ._sparse_tables import SparseTables, table_arrays
 
 
 def _lapack_threads() -> int:

@@ -1,4 +1,4 @@
-"""Numba kernels of the tiled "sparse" curvature route (see `equilens.source._sparse`): the
+"""Numba kernels of the tiled "sparse" curvature route (see `equilens.numba._sparse_route`): the
 curvature matrix `F = C^T C` and `E = C^T V` built tile by tile in parallel, and their
 reverse pass (the cotangents of the mapping's weights and values); the Cholesky solve of
 the system they make is the host linear algebra's (`_envelope_kernels`).
@@ -193,7 +193,7 @@ def _accumulators(n: int, n_s: int) -> np.ndarray:
 
 
 def forward(n_threads, n_s, *arrays):
-    """`F = C^T C` and `E = C^T V` (see `equilens.source._sparse`)."""
+    """`F = C^T C` and `E = C^T V` (see `equilens.numba._sparse_route`)."""
     out = np.empty((n_s, n_s))
     e, _, _, _ = forward_into(n_threads, out, 0, n_s, *arrays)
     mirror_upper(out)

@@ -13,6 +13,7 @@ from jaxtyping import Array, Float, Int, Scalar
 from .._callback import host_callback
 from .._checks import POSITIVE, Domain
 from .._custom_types import FloatScalar, ScalarLike, as_float
+from ..inversion._linalg import inverse_from_factor, logdet_factor, logdet_psd
 from ..source._geometry import (
     AbstractGeometry,
     RectilinearGeometry,
@@ -21,7 +22,6 @@ from ..source._geometry import (
     gram_entries,
     rect_operator_matrix,
 )
-from ..source._inversion import inverse_from_factor, logdet_factor, logdet_psd
 from ..source._pixelized import AbstractRegularization
 
 #: Ridge added to the (singular) difference operators: `H = lambda (G^T G + RIDGE I)`, so

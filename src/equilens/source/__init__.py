@@ -2,7 +2,9 @@
 
 A `PixelizedSource(mesh, regularization)` is the source of a `LensSystem`; the
 `equilens.LogEvidence` term solves for its values and scores the lens model by the
-Bayesian evidence. See docs/pixelized.md.
+Bayesian evidence. See docs/pixelized.md. The inversion itself (its routes, linear algebra
+and result, `Inversion`) is `equilens.inversion`; `equilens.source.Inversion` and
+`mapped_pixels` remain as its names from before.
 """
 
 from ._geometry import (
@@ -11,7 +13,6 @@ from ._geometry import (
     SparseSymmetric as SparseSymmetric,
     TriangulationGeometry as TriangulationGeometry,
 )
-from ._inversion import Inversion as Inversion, mapped_pixels as mapped_pixels
 from ._mesh import (
     AbstractMesh as AbstractMesh,
     AdaptiveRectangularMesh as AdaptiveRectangularMesh,
@@ -22,3 +23,12 @@ from ._pixelized import (
     AbstractRegularization as AbstractRegularization,
     PixelizedSource as PixelizedSource,
 )
+
+
+def __getattr__(name: str):
+    # (the inversion imports this package's geometry: its names are looked up on use)
+    if name in ("Inversion", "mapped_pixels"):
+        from .. import inversion
+
+        return getattr(inversion, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,40 +9,26 @@ from jaxtyping import Array, Float, Int, Scalar
 from .._autodiff import reverse_mode_scalar
 from .._lens_system import LensSystem
 from ..data import Imaging
-from ..psf import FFTConvolution
-from ..source._geometry import SparseSymmetric
-from ..source._inversion import (
+from ..inversion import (
+    AbstractRoute,
+    AutoRoute,
+    DenseRoute,
     Inversion,
-    Solution,
-    blur_mapping,
-    curvature_w_tilde,
+    LinearProblem,
+    RouteData,
+    choose,
     map_to_image,
     map_to_source,
     mapped_pixels,
     noise_normalisation,
-    solve_system,
-    w_tilde_table,
+    prepared,
+    route_class,
+    route_names,
+    solves_on_host,
 )
+from ..source._geometry import SparseSymmetric
 from ..source._pixelized import PixelizedSource, regularization_matrix
-from ..source._sparse import SparseTables, sparse_gram, sparse_tables
 from ._imaging import AbstractImagingTerm, _used_pixels
-
-
-def numba_available() -> bool:
-    """Whether Numba can be imported (the "sparse" route needs it)."""
-    # (imported on use: `equilens.numba` imports the terms)
-    from ..numba._runtime import numba_available as available
-
-    return available()
-
-
-ROUTES = ("auto", "dense", "w_tilde", "sparse")
-# The largest banded W~ table "auto" precomputes (bytes: indices + values).
-_W_TILDE_MAX_BYTES = 2**30
-# Route costs measured on one CPU core (benchmarks/bench_pixelized.py, float64): seconds
-# per multiply-add of the dense Gram matrix and per scatter-add of the w-tilde route.
-_DENSE_COST = 7.0e-11
-_W_TILDE_COST = 1.0e-8
 
 
 class LogEvidence(AbstractImagingTerm):
@@ -60,23 +46,25 @@ class LogEvidence(AbstractImagingTerm):
 
     A fit minimising this term varies the mass model and the regularization strength (the
     evidence sets it); `complete` fills in the solved source and amplitudes; `invert`
-    returns everything (`equilens.source.Inversion`). A singular system gives `+inf`,
+    returns everything (`equilens.inversion.Inversion`). A singular system gives `+inf`,
     never NaN.
 
     **Arguments:** `imaging` (PSF at the data resolution); `route` ("auto", "sparse",
-    "dense" or "w_tilde": how `F` is computed, see `equilens.source`; "auto" takes
-    "sparse", the tiled Numba kernels, on a CPU and "dense" on an accelerator; all give
-    the same evidence to round-off); `nonnegative` (default False: constrain the
-    source values to be `>= 0`); `adapt_image` (a brightness estimate of the lensed source,
-    `(ny, nx)`, for `AdaptiveBrightness`; default the data); `map_outside_mask` (default
-    True: the source is mapped to the mask grown by the PSF half-width; False maps it to
-    the mask's pixels alone, so no light from outside the mask is blurred into it, as
-    PyAutoLens does: see docs/pixelized.md, "equilens and PyAutoLens");
-    `marginalise_amplitudes` (default True: the linear lens-light amplitudes are
-    integrated out with a flat prior, so `log det(F + H)` is that of the whole system;
-    False holds them at their solved values and integrates out the source alone: the log
-    det of the source block of `F + H`, as PyAutoLens; the evidence then does not depend
-    on the amplitudes' units, and costs a second factorisation when there is lens light).
+    "dense", "w_tilde" or the name of a route registered with
+    `equilens.inversion.register_route`: how the linear system is built and solved, see
+    `equilens.inversion`; "auto" (`equilens.inversion.AutoRoute`) takes "sparse", the tiled
+    Numba kernels, on a CPU and "dense" on an accelerator; all give the same evidence to
+    round-off; the prepared route is the field `solver`); `nonnegative` (default False:
+    constrain the source values to be `>= 0`); `adapt_image` (a brightness estimate of the
+    lensed source, `(ny, nx)`, for `AdaptiveBrightness`; default the data);
+    `map_outside_mask` (default True: the source is mapped to the mask grown by the PSF
+    half-width; False maps it to the mask's pixels alone, so no light from outside the mask
+    is blurred into it, as PyAutoLens does: see docs/pixelized.md, "equilens and
+    PyAutoLens"); `marginalise_amplitudes` (default True: the linear lens-light amplitudes
+    are integrated out with a flat prior, so `log det(F + H)` is that of the whole system;
+    False holds them at their solved values and integrates out the source alone: the log det
+    of the source block of `F + H`, as PyAutoLens; the evidence then does not depend on the
+    amplitudes' units, and costs a second factorisation when there is lens light).
     """
 
     imaging: Imaging
@@ -89,10 +77,7 @@ class LogEvidence(AbstractImagingTerm):
     sub_x: Float[Array, "p s2"]
     sub_y: Float[Array, "p s2"]
     adapt: Float[Array, " p"]
-    transpose: FFTConvolution
-    neighbours: Int[Array, "p o"] | None
-    w_tilde: Float[Array, "p o"] | None
-    tables: SparseTables | None
+    solver: AbstractRoute | AutoRoute
     route: str = eqx.field(static=True)
 
     def __init__(
@@ -107,8 +92,8 @@ class LogEvidence(AbstractImagingTerm):
     ):
         if not isinstance(imaging, Imaging):
             raise TypeError(f"LogEvidence needs an Imaging dataset, got {type(imaging)}")
-        if route not in ROUTES:
-            raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+        if route not in route_names():
+            raise ValueError(f"route must be one of {route_names()}, got {route!r}")
         if imaging.psf.supersampling != 1:
             raise ValueError(
                 "LogEvidence needs a PSF at the data resolution (psf.supersampling == 1); "
@@ -138,44 +123,34 @@ class LogEvidence(AbstractImagingTerm):
         if adapt.shape != grid.shape:
             raise ValueError(f"adapt_image shape {adapt.shape} does not match {grid.shape}")
         self.adapt = jnp.asarray(np.maximum(adapt.reshape(-1)[mapped], 0.0), imaging.data.dtype)
-        self.transpose = FFTConvolution(
-            jnp.asarray(kernel[::-1, ::-1], imaging.data.dtype), (ny, nx)
+        noise = np.asarray(imaging.noise_map)
+        data = RouteData(
+            kernel=kernel,
+            weight=np.where(mask, 1.0 / noise**2, 0.0),
+            pixels=np.asarray(self.pixels),
+            mapped=mapped,
+            dtype=np.dtype(imaging.data.dtype),
+            platform=jax.default_backend(),
         )
-        on_cpu = jax.default_backend() == "cpu"
-        if route == "sparse" and not numba_available():
-            raise ImportError(
-                "route='sparse' needs Numba: pip install 'equilens[numba]' (or numba)"
-            )
-        self.tables = None
-        if route == "sparse" or (route == "auto" and on_cpu and numba_available()):
-            self.tables = sparse_tables(kernel, grid.shape, np.asarray(self.pixels), mapped)
-        k2 = (2 * (kernel.shape[0] // 2) + 1) * (2 * (kernel.shape[1] // 2) + 1)
-        size = mapped.shape[0] * 4 * k2 * 16
-        want = route == "w_tilde" or (
-            route == "auto" and on_cpu and self.tables is None and size <= _W_TILDE_MAX_BYTES
-        )
-        if want:
-            noise = np.asarray(imaging.noise_map)
-            weight = np.where(mask, 1.0 / noise**2, 0.0)
-            nbr, val = w_tilde_table(kernel, weight, mapped)
-            self.neighbours = jnp.asarray(nbr)
-            self.w_tilde = jnp.asarray(val, imaging.data.dtype)
-        else:
-            self.neighbours = None
-            self.w_tilde = None
+        solver = AutoRoute if route == "auto" else route_class(route)
+        self.solver = solver.prepare(data)
 
     def route_for(self, n_source: int, n_weights: int) -> str:
         """The route used for `n_source` source pixels with `n_weights` interpolation
-        weights per image pixel ("dense", "w_tilde" or "sparse")."""
-        if self.route != "auto":
-            return self.route
-        if self.tables is not None:
-            return "sparse"
-        if self.w_tilde is None:
-            return "dense"
-        dense = _DENSE_COST * n_source**2 * self.pixels.shape[0]
-        banded = _W_TILDE_COST * self.w_tilde.size * n_weights
-        return "dense" if dense <= banded else "w_tilde"
+        weights per image pixel ("dense", "w_tilde", "sparse" or a registered route)."""
+        return choose(self.solver, n_source, n_weights, int(self.pixels.shape[0])).name
+
+    def routes(self) -> tuple[AbstractRoute, ...]:
+        """The routes prepared for this term's dataset (those `invert` may take)."""
+        return prepared(self.solver)
+
+    def _route(self, name: str) -> AbstractRoute:
+        for r in prepared(self.solver):
+            if r.name == name:
+                return r
+        if route_class(name) is DenseRoute:  # (no tables: always at hand)
+            return DenseRoute()
+        raise ValueError(f"route {name!r} needs LogEvidence(..., route={name!r})")
 
     def invert(
         self, system: LensSystem, errors: bool = False, route: str | None = None
@@ -219,10 +194,6 @@ class LogEvidence(AbstractImagingTerm):
         target = data.reshape(-1)[self.pixels] * inv_sigma
         light = images.reshape(n_lin, ny * nx)[:, self.pixels] * inv_sigma[None, :]
 
-        if route is None:
-            route = self.route_for(n_s, k)
-        elif route not in ROUTES[1:]:
-            raise ValueError(f"route must be one of {ROUTES[1:]}, got {route!r}")
         if src.regularization.uses_signal:
             total = map_to_source(idx, w, self.adapt, n_s)
             cover = map_to_source(idx, w, jnp.ones_like(self.adapt), n_s)
@@ -237,89 +208,39 @@ class LogEvidence(AbstractImagingTerm):
         # it in JAX)
         reg, log_det_reg = regularization_matrix(src.regularization, geometry, signal)
 
-        positive = jnp.arange(n_lin + n_s) >= n_lin if self.nonnegative else None
-        # chi2 + s^T H s at the solution, where the solve gives it (see below)
-        fit = None
-
-        # the amplitudes held at their solved values: log det of the source block alone
-        # (a second factorisation, on the route's own solver)
-        profiled = not self.marginalise_amplitudes and n_lin > 0
-        block_logdet = None
-
-        def solve(curvature, d_source, cross, host=False):
-            nonlocal block_logdet
-            dense_reg = reg.todense() if isinstance(reg, SparseSymmetric) else reg
-            a = jnp.block([[light @ light.T, cross.T], [cross, curvature + dense_reg]])
-            b = jnp.concatenate([light @ target, d_source])
-            if profiled:
-                block = solve_system(curvature + dense_reg, d_source, host=host)
-                block_logdet = block.log_det_curvature
-            return solve_system(a, b, positive, host=host)
-
-        if route == "dense":
-            blurred = blur_mapping(idx, w, n_s, self.mapped, conv)
-            c = blurred.reshape(n_s, ny * nx)[:, self.pixels] * inv_sigma[None, :]
-            sol = solve(c @ c.T, c @ target, c @ light.T)
-        elif route == "sparse":
-            if self.tables is None:
-                raise ValueError("route 'sparse' needs LogEvidence(..., route='sparse')")
-            values = jnp.concatenate([target[:, None], light.T], axis=1)
-            if errors or self.nonnegative:
-                # the curvature matrix back in JAX; the host solve, except for the errors
-                # (their factor is then differentiable, as on the other routes)
-                curvature, projected = sparse_gram(idx, w, values, inv_sigma, n_s, self.tables)
-                sol = solve(curvature, projected[:, 0], projected[:, 1:], host=not errors)
-            else:
-                # the curvature matrix and the solve in one host call, which also gives
-                # chi2 + s^T H s as |t|^2 - x^T b (in float64: the evidence then needs
-                # neither the model image nor its convolution)
-                from ..numba._host_linalg import sparse_system_solve
-
-                x, logdet, fit = sparse_system_solve(
-                    idx,
-                    w,
-                    values,
-                    inv_sigma,
-                    reg,
-                    light @ light.T,
-                    light @ target,
-                    self.tables,
-                    fixed_sparsity=src.regularization.fixed_sparsity,
-                )
-                sol = Solution(x=x, log_det_curvature=logdet, factor=None, scale=jnp.ones_like(x))
-                if profiled:
-                    block_logdet = sparse_system_solve(
-                        idx,
-                        w,
-                        values[:, :1],
-                        inv_sigma,
-                        reg,
-                        jnp.zeros((0, 0), w.dtype),
-                        jnp.zeros((0,), w.dtype),
-                        self.tables,
-                        fixed_sparsity=src.regularization.fixed_sparsity,
-                    )[1]
-        else:
-            if self.w_tilde is None or self.neighbours is None:
-                raise ValueError("route 'w_tilde' needs LogEvidence(..., route='w_tilde')")
-            curvature = curvature_w_tilde(idx, w, n_s, self.neighbours, self.w_tilde)
-            weighted = jnp.concatenate([target[None, :], light]) * inv_sigma[None, :]
-            full = jnp.zeros((n_lin + 1, ny * nx), w.dtype).at[:, self.pixels].set(weighted)
-            back = jax.vmap(self.transpose)(full.reshape(n_lin + 1, ny, nx))
-            back = back.reshape(n_lin + 1, ny * nx)[:, self.mapped]
-            projected = map_to_source(idx, w, back.T, n_s)
-            sol = solve(curvature, projected[:, 0], projected[:, 1:])
-        log_det_curvature = sol.log_det_curvature if block_logdet is None else block_logdet
+        chosen = choose(self.solver, n_s, k, n_r) if route is None else self._route(route)
+        problem = LinearProblem(
+            idx=idx,
+            w=w,
+            target=target,
+            light=light,
+            inv_sigma=inv_sigma,
+            regularization=reg,
+            positive=jnp.arange(n_lin + n_s) >= n_lin if self.nonnegative else None,
+            pixels=self.pixels,
+            mapped=self.mapped,
+            convolution=conv,
+            n_source=n_s,
+            fixed_sparsity=src.regularization.fixed_sparsity,
+            # the amplitudes held at their solved values: log det of the source block
+            # alone (a second factorisation, on the route's own solver)
+            profiled=not self.marginalise_amplitudes and n_lin > 0,
+        )
+        solved = chosen.solve(problem, errors)
+        sol = solved.solution
+        log_det_curvature = (
+            sol.log_det_curvature if solved.block_log_det is None else solved.block_log_det
+        )
         # A singular system (or regularization) has a -inf evidence: the terms below are
         # then computed from zeros in place of its NaN solution (and reported as NaN), so
         # that its gradient is zero rather than NaN (a NaN would poison an optimiser's
         # state).
-        solved = (
+        ok = (
             jnp.all(jnp.isfinite(sol.x))
             & jnp.isfinite(log_det_curvature)
             & jnp.isfinite(log_det_reg)
         )
-        x = jnp.where(solved, sol.x, 0.0)
+        x = jnp.where(ok, sol.x, 0.0)
         amps, values = x[:n_lin], x[n_lin:]
 
         flux = map_to_image(idx, w, values)
@@ -335,17 +256,17 @@ class LogEvidence(AbstractImagingTerm):
             reg.quadratic(values) if isinstance(reg, SparseSymmetric) else values @ (reg @ values)
         )
         norm = noise_normalisation(noise)
-        log_dets = jnp.where(solved, log_det_curvature - log_det_reg, 0.0)
-        fit = chi2 + reg_term if fit is None else jnp.where(solved, fit, 0.0)
+        log_dets = jnp.where(ok, log_det_curvature - log_det_reg, 0.0)
+        fit = chi2 + reg_term if solved.fit is None else jnp.where(ok, solved.fit, 0.0)
         log_ev = -0.5 * (fit + log_dets + norm)
-        valid = solved & jnp.isfinite(log_ev)
+        valid = ok & jnp.isfinite(log_ev)
         log_ev = jnp.where(valid, log_ev, -jnp.inf)
         err = jnp.zeros_like(values)
         if errors:
             err = jnp.sqrt(jnp.maximum(sol.inverse_diagonal()[n_lin:], 0.0))
 
         def reported(v):
-            return jnp.where(solved, v, jnp.nan)
+            return jnp.where(ok, v, jnp.nan)
 
         return Inversion(
             values=reported(values),
@@ -361,12 +282,12 @@ class LogEvidence(AbstractImagingTerm):
             noise_normalisation=norm,
             log_evidence=log_ev,
             valid=valid,
-            route=route,
+            route=chosen.name,
         )
 
     def __call__(self, model: LensSystem) -> Scalar:
-        if self.tables is not None and self.route in ("auto", "sparse"):
-            # The sparse route's host kernels have a reverse-mode rule only: forward mode
+        if solves_on_host(self.solver):
+            # A host route's kernels have a reverse-mode rule only: forward mode
             # (`jax.linearize`, what the optimistix minimisers use) is built on it, and
             # Hessians go through the dense route (the same function in pure JAX).
             return reverse_mode_scalar(_minus_log_evidence, _minus_log_evidence_dense, self, model)

@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, Scalar
 from .._lens_system import LensSystem
 from .._multiband import MultiBandLensSystem
 from ..data import MultiBandImaging
-from ..source import Inversion
+from ..inversion import Inversion
 from ._base import AbstractDataTerm, AbstractLeastSquaresTerm
 from ._evidence import LogEvidence
 from ._imaging import AbstractImagingTerm, GaussianLikelihood

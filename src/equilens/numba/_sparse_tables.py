@@ -1,33 +1,11 @@
-"""The "sparse" route of the curvature matrix: `F = C^T C` and `E = C^T V` with
-`C = W^(1/2) B M`, computed tile by tile on the host CPU by Numba kernels (a JAX
-host callback, `equilens._callback.host_callback`, with a custom vector-Jacobian product).
-
-The image is cut into `T x T` tiles. For one tile, the rows of `C` (its mask pixels) are
-lit only by the mapped pixels within a PSF half-width of it, which map to a small set `S`
-of source pixels: the block `C[tile, S]` is built densely (one axpy of a tabulated PSF
-column, over the span of its non-zero tile positions, per interpolation weight), then
-`F[S, S] += C_t C_t^T` (BLAS `syrk`, into `F`'s upper triangle, mirrored once at the end)
-and `E[S] += C_t V_t`. The cost is
-`O(n_mask ((T + 2h)^2 k + |S|^2))`: it never touches the `n_mask x n_source` product of
-the "dense" route nor the `(2K-1)^2` neighbours per pixel of the "w_tilde" route. The
-backward pass takes each block from the forward call (the whole system's host solve keeps
-them, about `8 T^2 sum |S|` bytes, 9 MiB for the benchmark's 32x32 mesh) or builds it
-again, and forms `dC = (Fbar + Fbar^T)[S, S] C + Ebar V^T` (BLAS `symm` on the small
-block's upper triangle), then `wbar[p, i] = <dC[a_pi], psf column>` and
-`Vbar = C^T Ebar`.
-
-Tiles are split into one chunk per Numba thread, each chunk with its own accumulator
-(`numba.set_num_threads` or `NUMBA_NUM_THREADS` sets how many cores are used); BLAS runs
-single-threaded inside the kernels (threadpoolctl), the threads being Numba's.
-"""
+"""The tables of the "sparse" route's tiles (NumPy, once per dataset): which mask pixels
+each `T x T` tile holds, which mapped pixels light it and through which PSF column (see
+`equilens.numba._sparse_route` for the route itself)."""
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
-
-from .._callback import host_callback
 
 #: Tile side (pixels) of the sparse route; 8 measured fastest on one CPU core for 21x21
 #: PSFs (benchmarks/bench_pixelized.py).
@@ -128,76 +106,3 @@ def table_arrays(tables: SparseTables) -> tuple:
         tables.psf_columns,
         tables.psf_span,
     )
-
-
-def _callback(name: str, shapes, *operands, extra: tuple = ()):
-    """Runs kernel `name` on the host: `kernel(n_threads, *extra, *operands)` with integer
-    operands as int64 and floating ones as float64; outputs in the dtype of `shapes`."""
-
-    def host(*arrays):
-        from ..numba._runtime import host64, run_kernel
-
-        out = run_kernel(name, *extra, *host64(*arrays))
-        return tuple(o.astype(s.dtype, copy=False) for o, s in zip(out, shapes, strict=True))
-
-    arrays = (*operands[:-1], *table_arrays(operands[-1]))
-    return host_callback(host, shapes, *arrays, vmap_method="sequential")
-
-
-def _forward(idx, w, values, inv_sigma, n_s, tables):
-    shapes = (
-        jax.ShapeDtypeStruct((n_s, n_s), w.dtype),
-        jax.ShapeDtypeStruct((n_s, values.shape[1]), w.dtype),
-    )
-    return _callback("forward", shapes, idx, w, values, inv_sigma, tables, extra=(n_s,))
-
-
-@eqx.filter_custom_vjp
-def _sparse_gram(diff, idx, inv_sigma, n_s, tables):
-    w, values = diff
-    return _forward(idx, w, values, inv_sigma, n_s, tables)
-
-
-@_sparse_gram.def_fwd
-def _sparse_gram_fwd(perturbed, diff, idx, inv_sigma, n_s, tables):
-    del perturbed
-    w, values = diff
-    return _forward(idx, w, values, inv_sigma, n_s, tables), None
-
-
-@_sparse_gram.def_bwd
-def _sparse_gram_bwd(residuals, g, perturbed, diff, idx, inv_sigma, n_s, tables):
-    del residuals, perturbed
-    w, values = diff
-    f_bar, e_bar = g
-    # a symbolic-zero cotangent arrives as None (or a scalar): materialise it
-    f_bar = jnp.broadcast_to(0.0 if f_bar is None else f_bar, (n_s, n_s)).astype(w.dtype)
-    e_bar = jnp.broadcast_to(0.0 if e_bar is None else e_bar, (n_s, values.shape[1]))
-    shapes = (jax.ShapeDtypeStruct(w.shape, w.dtype), jax.ShapeDtypeStruct(values.shape, w.dtype))
-    return _callback(
-        "backward",
-        shapes,
-        idx,
-        w,
-        values,
-        inv_sigma,
-        f_bar,
-        e_bar.astype(w.dtype),
-        tables,
-    )
-
-
-def sparse_gram(
-    idx: Int[Array, "p k"],
-    w: Float[Array, "p k"],
-    values: Float[Array, "n m"],
-    inv_sigma: Float[Array, " n"],
-    n_source: int,
-    tables: SparseTables,
-) -> tuple[Float[Array, "n_source n_source"], Float[Array, "n_source m"]]:
-    """`F = C^T C` and `E = C^T V` with `C = W^(1/2) B M` (`n` mask pixels x `n_source`),
-    for the interpolation `idx`, `w` over the mapped pixels and `V = values` on the mask
-    pixels; differentiable (reverse mode) in `w` and `values`, not in the noise or the
-    PSF (data). Runs on the host CPU (Numba)."""
-    fixed = jax.lax.stop_gradient((inv_sigma, tables))
-    return _sparse_gram((w, values), idx, fixed[0], n_source, fixed[1])
