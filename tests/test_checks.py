@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+import equilens as el
 from equilens import light, mass
 from equilens._checks import POSITIVE, Domain
+from equilens._custom_types import FloatScalar, as_float
 from equilens.regularization import (
     AdaptiveBrightness,
     ConstantRegularization,
@@ -192,3 +194,74 @@ def test_a_profile_refuses_its_parameters_or_evaluates_finite(name, data):
         return
     out = np.asarray(_evaluate(profile))
     assert np.all(np.isfinite(out)), f"{name}({values}) evaluates to non-finite numbers"
+
+
+# -- a parameter described once, next to its field --------------------------------------
+
+
+class _Cored(mass.AbstractMassProfile):
+    # a user's profile: each parameter described next to its field
+    theta_E: FloatScalar = eqx.field(
+        converter=as_float, metadata=el.describe(domain=el.NON_NEGATIVE, bounds=(0.0, 4.0))
+    )
+    s: FloatScalar = eqx.field(
+        converter=as_float, metadata=el.describe(domain=el.POSITIVE, bounds=(0.01, 1.0))
+    )
+    center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
+    center_y: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=el.describe(fixed=True)
+    )
+
+    def deflection(self, x, y):
+        dx, dy = x - self.center_x, y - self.center_y
+        r2 = dx * dx + dy * dy
+        k = self.theta_E * (jnp.sqrt(r2 + self.s**2) - self.s) / r2
+        return k * dx, k * dy
+
+    def potential(self, x, y):
+        return jnp.zeros_like(x)
+
+
+def test_a_parameter_described_next_to_its_field_is_checked_bounded_and_held():
+    from equilens._checks import default_bounds, parameters
+    from equilens.objective._params import Parametrisation
+
+    with pytest.raises(ValueError, match=r"_Cored\.s must be finite and in \(0, inf\), got 0"):
+        _Cored(theta_E=1.0, s=0.0)
+    described = parameters(_Cored)
+    assert described["s"].domain == el.POSITIVE and described["center_y"].fixed
+    assert not described["center_x"].fixed and described["center_x"].bounds is None
+    assert default_bounds(_Cored) == {"theta_E": (0.0, 4.0), "s": (0.01, 1.0)}
+    # the fit's parametrisation reads the same descriptions
+    param = Parametrisation.build(_Cored(theta_E=1.0, s=0.1))
+    by_path = dict(zip(param.leaf_paths, zip(param.free, param.bounds, strict=True), strict=True))
+    assert by_path[".theta_E"] == (True, (0.0, 4.0))
+    assert by_path[".s"] == (True, (0.01, 1.0))
+    assert by_path[".center_x"] == (True, None)
+    assert by_path[".center_y"][0] is False
+    # and the built-in profiles' (a shear's expansion point is held; EPL's slope bounded)
+    assert parameters(mass.ExternalShear)["ra_0"].fixed
+    assert default_bounds(mass.EPL)["gamma"] == (1.1, 2.9)
+    with pytest.raises(ValueError, match="lower < upper"):
+        el.describe(bounds=(1.0, 1.0))
+
+
+def test_a_class_level_table_of_the_old_form_is_refused_not_ignored():
+    from typing import ClassVar
+
+    from equilens._checks import parameters
+
+    class OldStyle(mass.AbstractMassProfile):
+        bounds: ClassVar[dict[str, tuple[float, float]]] = {"theta_E": (0.0, 2.0)}
+        theta_E: FloatScalar = eqx.field(converter=as_float)
+
+        def deflection(self, x, y):
+            return self.theta_E * x, self.theta_E * y
+
+        def potential(self, x, y):
+            return self.theta_E * x * y
+
+    with pytest.raises(TypeError, match=r"OldStyle\.bounds is a class-level table"):
+        OldStyle(theta_E=1.0)
+    with pytest.raises(TypeError, match="describe"):
+        parameters(OldStyle)

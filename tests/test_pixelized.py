@@ -1938,3 +1938,51 @@ def test_conditional_covariance_when_a_hyperparameter_is_unconstrained(dataset):
         el.solve.with_conditional_covariance(
             failed, objective, el.select(system, lambda s: s.mass.components[0].e1)
         )
+
+
+@pytest.mark.x64_only
+def test_the_shared_inversion_formulas_give_one_answer_in_numpy_and_jax():
+    # (equilens.inversion._formulas: written once for both backends)
+    import scipy.linalg
+
+    inv = el.inversion
+    rng = np.random.default_rng(3)
+    m = rng.normal(size=(40, 12))
+    a = m.T @ m  # (40 rows for 12 unknowns: well conditioned)
+    b = m.T @ rng.normal(size=40)
+    constrained = np.arange(12) >= 2
+
+    def fori(n, body, init):
+        return jax.lax.fori_loop(0, n, body, init)
+
+    a_np, b_np, s_np = inv.jacobi_scaling(np, a, b)
+    a_j, b_j, s_j = inv.jacobi_scaling(jnp, jnp.asarray(a), jnp.asarray(b))
+    assert rel_err(a_j, a_np) < 1e-14 and rel_err(s_j, s_np) < 1e-14
+    x_np = inv.projected_gradient(np, a_np, b_np, constrained, inv.python_loop)
+    x_j = inv.projected_gradient(jnp, a_j, b_j, jnp.asarray(constrained), fori)
+    assert rel_err(x_j, x_np) < 1e-10
+    # the minimiser of 0.5 x^T a x - b^T x with x >= 0 where constrained (as a bounded
+    # least-squares problem in a's Cholesky factor)
+    low = np.linalg.cholesky(a_np)
+    lower = np.where(constrained, 0.0, -np.inf)
+    exact = scipy.optimize.lsq_linear(
+        low.T,
+        scipy.linalg.solve_triangular(low, b_np, lower=True),
+        bounds=(lower, np.inf),
+        tol=1e-14,
+    ).x
+    assert np.any(exact[constrained] < 1e-12) and np.any(exact[constrained] > 1e-3)
+    assert np.array_equal(x_np > 1e-9, exact > 1e-9)
+    assert np.max(np.abs(x_np - exact)) < 1e-6
+
+    total = np.array([0.0, 2.0, 6.0, 1.0])
+    cover = np.array([0.0, 1.0, 2.0, 0.5])
+    expected = np.array([0.0, 2.0 / 3.0, 1.0, 2.0 / 3.0])
+    assert np.allclose(inv.source_signal(np, total, cover), expected, rtol=1e-15)
+    assert rel_err(inv.source_signal(jnp, jnp.asarray(total), jnp.asarray(cover)), expected) < 1e-15
+    assert np.all(inv.source_signal(np, np.zeros(4), cover) == 0.0)
+    noise = np.array([0.5, 2.0])
+    assert inv.noise_normalisation(np, noise) == pytest.approx(
+        np.sum(np.log(2 * np.pi * noise**2)), rel=1e-14
+    )
+    assert float(inv.log_evidence(10.0, 3.0, 1.0, 4.0)) == -8.0

@@ -24,7 +24,13 @@ from ._cache import (
     compilation_cache as compilation_cache,
     default_cache_dir as default_cache_dir,
 )
-from ._checks import PrecisionWarning as PrecisionWarning
+from ._checks import (
+    NON_NEGATIVE as NON_NEGATIVE,
+    POSITIVE as POSITIVE,
+    Domain as Domain,
+    PrecisionWarning as PrecisionWarning,
+    describe as describe,
+)
 from ._grid import Grid as Grid, MaskedGrid as MaskedGrid
 from ._lens_system import LensSystem as LensSystem
 from ._math import (

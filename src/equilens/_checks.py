@@ -1,19 +1,29 @@
-"""The values a module's parameters may take, checked where they enter (construction).
+"""A parameter described once, and checked where it enters (construction).
 
-A profile's `domain` (`{field: Domain}`) says where each parameter is defined: outside it
-the formulas give NaN or nonsense (a negative radius, an axis ratio past zero). This is
-not the fit's `bounds` (narrower: where a fit may search). `check_fields` runs in the
-profiles' `__check_init__`: every floating field must be finite and inside its domain, a
-field annotated as a scalar must be 0-d (many profiles at once: `MassBatch.stack`), and an
-ellipticity `(e1, e2)` must lie inside the unit disk. With concrete values a violation is a
-`ValueError` naming the class, the field, the value and the allowed range; with values
-traced under `jit` or `vmap`, `eqx.error_if` raises the same words at run time.
+Each parameter field declares what equilens needs to know about it next to the field, in
+the metadata of its `eqx.field` (`metadata=describe(...)`):
+- `domain`: where it is defined (a `Domain`); outside it the formulas give NaN or nonsense
+  (a negative radius, an axis ratio past zero);
+- `bounds`: the default interval a fit keeps it in (narrower than the domain: where a fit
+  may search; `(0, inf)` is positivity);
+- `fixed`: held by `equilens.fit` unless `free=` says otherwise (e.g. a shear's expansion
+  point, degenerate with the source position), also for a field that is not a parameter
+  at all (a mesh's nodes, a pixelized source's solved values).
+`parameters(cls)` reads them all (one function for the checks, the fits and the Numba
+backend).
+
+`check_fields` runs in the profiles' `__check_init__`: every floating field must be
+finite and inside its domain, a field annotated as a scalar must be 0-d (many profiles at
+once: `MassBatch.stack`), and an ellipticity `(e1, e2)` must lie inside the unit disk.
+With concrete values a violation is a `ValueError` naming the class, the field, the value
+and the allowed range; with values traced under `jit` or `vmap`, `eqx.error_if` raises the
+same words at run time.
 """
 
 import dataclasses
+import functools
 import math
 import warnings
-from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -67,14 +77,73 @@ def _enforce(module: Any, field: str, ok: Any, message: str, shown: Any) -> None
         raise ValueError(f"{message}, got {shown.item() if shown.ndim == 0 else shown}")
 
 
-def check_fields(module: Any, domain: Mapping[str, Domain]) -> None:
-    """Checks every floating field of `module` (see the module's docstring). Called from
-    the `__check_init__` of the profile base classes with the class's `domain`."""
+class Parameter(NamedTuple):
+    """What a field declares about itself (`describe(...)`): its `domain`, its default fit
+    `bounds` (None: unbounded) and whether a fit holds it `fixed` by default."""
+
+    domain: Domain = Domain()
+    bounds: tuple[float, float] | None = None
+    fixed: bool = False
+
+
+_KEY = "equilens"
+_UNDESCRIBED = Parameter()
+
+
+def describe(
+    *,
+    domain: Domain | None = None,
+    bounds: tuple[float, float] | None = None,
+    fixed: bool = False,
+) -> dict[str, Parameter]:
+    """A parameter's description, as the `metadata` of its `eqx.field`:
+    `theta_E: FloatScalar = eqx.field(converter=as_float, metadata=describe(
+    domain=NON_NEGATIVE, bounds=(0.0, math.inf)))`. `domain` (a `Domain`, default the
+    whole real line) is checked when the module is built; `bounds` (`(lower, upper)`) is
+    the interval `equilens.fit` keeps it in by default; `fixed` holds it in fits unless
+    `free=` picks it (also for a field that is not a parameter at all: a mesh's nodes, a
+    pixelized source's solved values, a wrapped profile)."""
+    if bounds is not None and not float(bounds[0]) < float(bounds[1]):
+        raise ValueError(f"bounds must have lower < upper, got {bounds}")
+    return {_KEY: Parameter(Domain() if domain is None else domain, bounds, bool(fixed))}
+
+
+_OLD_TABLES = ("bounds", "domain", "fixed")
+
+
+@functools.cache
+def parameters(cls: type) -> dict[str, Parameter]:
+    """`{field: Parameter}` for every field of module class `cls`, in declaration order
+    (a field declared without a description gets the defaults: any finite value,
+    unbounded, free). A class that still declares class-level `bounds`, `domain` or
+    `fixed` tables (the form before `describe`) is an error rather than silently
+    ignored."""
+    fields = dataclasses.fields(cls)
+    names = {f.name for f in fields}
+    for table in _OLD_TABLES:
+        if table in names:
+            continue
+        for base in cls.__mro__:
+            if isinstance(vars(base).get(table), dict | tuple):
+                raise TypeError(
+                    f"{base.__name__}.{table} is a class-level table: declare each "
+                    f"parameter's {table} next to its field, `name: FloatScalar = "
+                    f"eqx.field(converter=as_float, metadata=equilens.describe({table}=...))`"
+                )
+    return {f.name: f.metadata.get(_KEY, _UNDESCRIBED) for f in fields}
+
+
+def default_bounds(cls: type) -> dict[str, tuple[float, float]]:
+    """`{field: (lower, upper)}` of the fields of `cls` that declare fit bounds."""
+    return {n: p.bounds for n, p in parameters(cls).items() if p.bounds is not None}
+
+
+def check_fields(module: Any) -> None:
+    """Checks every floating field of `module` against its description (see
+    the module's docstring). Called from the `__check_init__` of the base classes."""
     name = type(module).__name__
+    described = parameters(type(module))
     fields = {f.name: f for f in dataclasses.fields(module)}
-    unknown = set(domain) - set(fields)
-    if unknown:  # a typo in a class's declaration
-        raise TypeError(f"{name}.domain names no field: {sorted(unknown)}")
     for f in fields.values():
         value = getattr(module, f.name)
         if not eqx.is_inexact_array(value):
@@ -89,7 +158,7 @@ def check_fields(module: Any, domain: Mapping[str, Domain]) -> None:
                     else ""
                 )
             )
-        allowed = domain.get(f.name, Domain())
+        allowed = described[f.name].domain
         v = value if is_traced(value) else np.asarray(value)
         ok = allowed.contains(v) & (jnp.isfinite(v) if is_traced(v) else np.isfinite(v))
         _enforce(module, f.name, ok, f"{name}.{f.name} must be finite and in {allowed}", v)

@@ -4,17 +4,28 @@
 a route (`AbstractRoute`: "dense" and "w_tilde" here, "sparse" registered by
 `equilens.numba`; `AutoRoute` picks one per call) and assembles the evidence from the
 route's solution (`Inversion`). A new route is a final subclass of `AbstractRoute` made
-known by `register_route`. See docs/pixelized.md ("Three routes to the curvature matrix").
+known by `register_route`. The formulas both backends evaluate (the positive-only solve's
+iteration, the adapt signal, the evidence's assembly, a Gaussian-process prior's `H`) are
+written once for an array namespace `xp` (`jax.numpy` or NumPy). See docs/pixelized.md
+("Three routes to the curvature matrix").
 """
 
-from ._linalg import (
+from ._formulas import (
     NONNEG_ITERATIONS as NONNEG_ITERATIONS,
+    gp_precision as gp_precision,
+    jacobi_scaling as jacobi_scaling,
+    log_evidence as log_evidence,
+    noise_normalisation as noise_normalisation,
+    projected_gradient as projected_gradient,
+    python_loop as python_loop,
+    source_signal as source_signal,
+)
+from ._linalg import (
     HostCholesky as HostCholesky,
     Solution as Solution,
     inverse_from_factor as inverse_from_factor,
     logdet_factor as logdet_factor,
     logdet_psd as logdet_psd,
-    noise_normalisation as noise_normalisation,
     solve_system as solve_system,
 )
 from ._mapping import (

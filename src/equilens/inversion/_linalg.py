@@ -1,10 +1,10 @@
 """The linear algebra of a pixelized-source inversion (arrays only): the solve of
 `(F + H) x = D` by Cholesky after a Jacobi scaling (optionally with non-negative source
-values), the log determinants and their cheap derivatives, and the noise normalisation.
+values), the log determinants and their cheap derivatives (the formulas the Numba
+backend shares are in `_formulas`).
 """
 
 import functools
-import math
 from collections.abc import Callable
 
 import equinox as eqx
@@ -13,8 +13,11 @@ import jax.numpy as jnp
 import lineax as lx
 from jaxtyping import Array, Bool, Float, Scalar
 
-#: Accelerated projected-gradient iterations of the positive-only solve (both backends).
-NONNEG_ITERATIONS = 500
+from ._formulas import jacobi_scaling, projected_gradient
+
+
+def _fori_loop(n, body, init):
+    return jax.lax.fori_loop(0, n, body, init)
 
 
 class Solution(eqx.Module):
@@ -32,12 +35,6 @@ class Solution(eqx.Module):
             raise ValueError("the errors need the Cholesky factor: solve without `cholesky`")
         inv = inverse_from_factor(self.factor, lower=False)
         return jnp.diagonal(inv) * self.scale**2
-
-
-def _jacobi(a: Float[Array, "n n"], b: Float[Array, " n"]) -> tuple[Array, Array, Array]:
-    d = jnp.diagonal(a)
-    scale = jnp.where(d > 0, 1.0 / jnp.sqrt(jnp.where(d > 0, d, 1.0)), 1.0)
-    return a * scale[:, None] * scale[None, :], b * scale, scale
 
 
 def inverse_from_factor(factor: Float[Array, "n n"], lower: bool) -> Float[Array, "n n"]:
@@ -115,41 +112,14 @@ def solve_system(
     if cholesky is not None and nonnegative is None:
         x, logdet = cholesky(a, b)
         return Solution(x=x, log_det_curvature=logdet, factor=None, scale=jnp.ones_like(b))
-    a_s, b_s, scale = _jacobi(a, b)
+    a_s, b_s, scale = jacobi_scaling(jnp, a, b)
     x, factor, logdet = _cholesky(a_s, b_s, cholesky)
     if nonnegative is not None:
-        x_pos = jax.lax.stop_gradient(_projected_solve(a_s, b_s, nonnegative))
+        x_pos = projected_gradient(jnp, a_s, b_s, nonnegative, _fori_loop)
+        x_pos = jax.lax.stop_gradient(x_pos)
         free = (x_pos > 0) | ~nonnegative
         both = free[:, None] & free[None, :]
         eye = jnp.eye(a.shape[0], dtype=a.dtype)
         x, _, _ = _cholesky(jnp.where(both, a_s, eye), jnp.where(free, b_s, 0.0), cholesky)
     logdet = logdet - 2.0 * jnp.sum(jnp.log(scale))
     return Solution(x=x * scale, log_det_curvature=logdet, factor=factor, scale=scale)
-
-
-def _projected_solve(
-    a: Float[Array, "n n"], b: Float[Array, " n"], constrained: Bool[Array, " n"]
-) -> Float[Array, " n"]:
-    # FISTA on 0.5 x^T a x - b^T x with x >= 0 where constrained; a has unit diagonal, so
-    # its largest eigenvalue is at most its largest absolute row sum.
-    step = 1.0 / jnp.max(jnp.sum(jnp.abs(a), axis=1))
-
-    def project(x):
-        return jnp.where(constrained, jnp.maximum(x, 0.0), x)
-
-    def body(_, carry):
-        x, z, t = carry
-        x_new = project(z - step * (a @ z - b))
-        t_new = 0.5 * (1.0 + jnp.sqrt(1.0 + 4.0 * t * t))
-        z_new = x_new + ((t - 1.0) / t_new) * (x_new - x)
-        return x_new, z_new, t_new
-
-    x0 = project(b)
-    one = jnp.ones((), a.dtype)
-    x, _, _ = jax.lax.fori_loop(0, NONNEG_ITERATIONS, body, (x0, x0, one))
-    return x
-
-
-def noise_normalisation(noise: Float[Array, " n"]) -> Scalar:
-    """`sum log(2 pi sigma^2)` over the mask."""
-    return jnp.sum(2.0 * jnp.log(noise)) + math.log(2 * math.pi) * noise.shape[0]

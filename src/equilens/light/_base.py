@@ -2,14 +2,13 @@
 
 import abc
 import functools
-from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._checks import Domain, check_fields
+from .._checks import check_fields, describe
 from .._custom_types import GridArray
 
 
@@ -19,22 +18,14 @@ class AbstractLightProfile(eqx.Module):
     `intensity(x, y)` is the surface brightness per arcsec^2 (in the user's flux unit, e.g.
     electrons/s/arcsec^2) at positions `x, y` in arcsec. Profiles add: `Sersic(...) +
     Gaussian(...)` is a `LightSum`.
+
+    Each parameter is described next to its field, `eqx.field(metadata=equilens.describe(...))` (its
+    `domain`, checked when the profile is built; its default fit `bounds`; whether a fit
+    holds it `fixed`): see `equilens._checks`.
     """
 
-    #: Default bounds `{field: (lower, upper)}` that `equilens.fit` keeps each parameter in
-    #: (by reparametrisation; `(0, inf)` is positivity). Final classes declare their own.
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {}
-    #: Fields `equilens.fit` holds fixed unless `free=` says otherwise (e.g. a shear's
-    #: expansion point, degenerate with the source position).
-    fixed: ClassVar[tuple[str, ...]] = ()
-    #: Where each parameter is defined, `{field: Domain}` (outside it the formulas give NaN
-    #: or nonsense; wider than `bounds`). Checked when a profile is built, with the other
-    #: floating fields required finite and an `(e1, e2)` inside the unit disk
-    #: (`equilens._checks.check_fields`: a ValueError, or `eqx.error_if` under `jit`).
-    domain: ClassVar[dict[str, Domain]] = {}
-
     def __check_init__(self):
-        check_fields(self, self.domain)
+        check_fields(self)
 
     @abc.abstractmethod
     def intensity(self, x: GridArray, y: GridArray) -> GridArray:
@@ -102,9 +93,7 @@ class FixedLight(AbstractLightProfile):
     **Arguments:** `profile` (any light profile, amplitudes included).
     """
 
-    fixed: ClassVar[tuple[str, ...]] = ("profile",)
-
-    profile: AbstractLightProfile
+    profile: AbstractLightProfile = eqx.field(metadata=describe(fixed=True))
 
     def intensity(self, x: GridArray, y: GridArray) -> GridArray:
         return self.profile.intensity(x, y)

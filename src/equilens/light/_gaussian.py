@@ -1,13 +1,12 @@
 """Gaussian profiles: elliptical Gaussian and the multi-Gaussian expansion (MGE)."""
 
 import math
-from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from .._checks import POSITIVE, Domain
+from .._checks import POSITIVE, describe
 from .._custom_types import FloatScalar, GridArray, as_float
 from .._math import elliptical_radius_sq
 from ._base import AbstractLinearLightProfile
@@ -23,18 +22,16 @@ class Gaussian(AbstractLinearLightProfile):
     **Arguments:** `amp` (total flux), `sigma` (arcsec), `e1`, `e2`, `center_x`, `center_y`.
     """
 
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        "sigma": (0.0, math.inf),
-        "e1": (-0.6, 0.6),
-        "e2": (-0.6, 0.6),
-    }
-
-    domain: ClassVar[dict[str, Domain]] = {"sigma": POSITIVE}
-
     amp: FloatScalar = eqx.field(converter=as_float)
-    sigma: FloatScalar = eqx.field(converter=as_float)
-    e1: FloatScalar = eqx.field(converter=as_float, default=0.0)
-    e2: FloatScalar = eqx.field(converter=as_float, default=0.0)
+    sigma: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=POSITIVE, bounds=(0.0, math.inf))
+    )
+    e1: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-0.6, 0.6))
+    )
+    e2: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-0.6, 0.6))
+    )
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 
@@ -59,20 +56,17 @@ class MGE(AbstractLinearLightProfile):
     arcsec; normally held fixed, e.g. log-spaced), `e1`, `e2`, `center_x`, `center_y`.
     """
 
-    fixed: ClassVar[tuple[str, ...]] = ("sigma",)
-
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        "sigma": (0.0, math.inf),
-        "e1": (-0.6, 0.6),
-        "e2": (-0.6, 0.6),
-    }
-
-    domain: ClassVar[dict[str, Domain]] = {"sigma": POSITIVE}
-
     amp: Float[Array, " n_basis"] = eqx.field(converter=_as_float_vector)
-    sigma: Float[Array, " n_basis"] = eqx.field(converter=_as_float_vector)
-    e1: FloatScalar = eqx.field(converter=as_float, default=0.0)
-    e2: FloatScalar = eqx.field(converter=as_float, default=0.0)
+    sigma: Float[Array, " n_basis"] = eqx.field(
+        converter=_as_float_vector,
+        metadata=describe(domain=POSITIVE, bounds=(0.0, math.inf), fixed=True),
+    )
+    e1: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-0.6, 0.6))
+    )
+    e2: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-0.6, 0.6))
+    )
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 

@@ -1,14 +1,13 @@
 """Sersic and core-Sersic profiles (lenstronomy `SERSIC_ELLIPSE`, `CORE_SERSIC`)."""
 
 import math
-from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from .._checks import POSITIVE, Domain
+from .._checks import POSITIVE, Domain, describe
 from .._custom_types import FloatScalar, GridArray, as_float
 from .._math import elliptical_radius_sq, fast_log
 from ._base import AbstractLinearLightProfile
@@ -41,20 +40,19 @@ class Sersic(AbstractLinearLightProfile):
     `center_y` (arcsec).
     """
 
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        "R_sersic": (0.0, math.inf),
-        "n_sersic": (0.3, 8.0),
-        "e1": (-0.6, 0.6),
-        "e2": (-0.6, 0.6),
-    }
-
-    domain: ClassVar[dict[str, Domain]] = {"R_sersic": POSITIVE, "n_sersic": N_SERSIC}
-
     amp: FloatScalar = eqx.field(converter=as_float)
-    R_sersic: FloatScalar = eqx.field(converter=as_float)
-    n_sersic: FloatScalar = eqx.field(converter=as_float)
-    e1: FloatScalar = eqx.field(converter=as_float, default=0.0)
-    e2: FloatScalar = eqx.field(converter=as_float, default=0.0)
+    R_sersic: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=POSITIVE, bounds=(0.0, math.inf))
+    )
+    n_sersic: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=N_SERSIC, bounds=(0.3, 8.0))
+    )
+    e1: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-0.6, 0.6))
+    )
+    e2: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-0.6, 0.6))
+    )
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 
@@ -81,37 +79,35 @@ class CoreSersic(AbstractLinearLightProfile):
     `gamma`, `e1`, `e2`, `center_x`, `center_y` (arcsec), `alpha` (default 3).
     """
 
-    fixed: ClassVar[tuple[str, ...]] = ("alpha",)
-
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        "R_sersic": (0.0, math.inf),
-        "Rb": (0.0, math.inf),
-        "n_sersic": (0.3, 8.0),
-        "alpha": (0.0, math.inf),
-        "e1": (-0.6, 0.6),
-        "e2": (-0.6, 0.6),
-    }
-
-    domain: ClassVar[dict[str, Domain]] = {
-        "R_sersic": POSITIVE,
-        "Rb": POSITIVE,
-        "n_sersic": N_SERSIC,
-        # the light inside Rb (~ R^-gamma) integrable; the core's factor grows as
-        # 2^(gamma / alpha), so a transition sharper than alpha = 0.1 is not a profile
-        "gamma": Domain(-math.inf, 2.0, upper_open=True),
-        "alpha": Domain(0.1, math.inf),
-    }
-
     amp: FloatScalar = eqx.field(converter=as_float)
-    R_sersic: FloatScalar = eqx.field(converter=as_float)
-    Rb: FloatScalar = eqx.field(converter=as_float)
-    n_sersic: FloatScalar = eqx.field(converter=as_float)
-    gamma: FloatScalar = eqx.field(converter=as_float)
-    e1: FloatScalar = eqx.field(converter=as_float, default=0.0)
-    e2: FloatScalar = eqx.field(converter=as_float, default=0.0)
+    R_sersic: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=POSITIVE, bounds=(0.0, math.inf))
+    )
+    Rb: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=POSITIVE, bounds=(0.0, math.inf))
+    )
+    n_sersic: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=N_SERSIC, bounds=(0.3, 8.0))
+    )
+    # the light inside Rb (~ R^-gamma) integrable
+    gamma: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=Domain(-math.inf, 2.0, upper_open=True))
+    )
+    e1: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-0.6, 0.6))
+    )
+    e2: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-0.6, 0.6))
+    )
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
-    alpha: FloatScalar = eqx.field(converter=as_float, default=3.0)
+    # the core's factor grows as 2^(gamma / alpha): a transition sharper than alpha = 0.1
+    # is not a profile
+    alpha: FloatScalar = eqx.field(
+        converter=as_float,
+        default=3.0,
+        metadata=describe(domain=Domain(0.1, math.inf), bounds=(0.0, math.inf), fixed=True),
+    )
 
     def basis(self, x: GridArray, y: GridArray) -> Float[Array, "1 *grid"]:
         r2 = elliptical_radius_sq(x - self.center_x, y - self.center_y, self.e1, self.e2)

@@ -1,13 +1,12 @@
 """Cartesian shapelets (Refregier 2003), lenstronomy's `SHAPELETS` convention."""
 
 import math
-from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from .._checks import POSITIVE, Domain
+from .._checks import POSITIVE, describe
 from .._custom_types import FloatScalar, GridArray, as_float
 from ._base import AbstractLinearLightProfile
 
@@ -45,13 +44,11 @@ class Shapelets(AbstractLinearLightProfile):
     int), `beta` (scale, arcsec), `center_x`, `center_y` (arcsec).
     """
 
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {"beta": (0.0, math.inf)}
-
-    domain: ClassVar[dict[str, Domain]] = {"beta": POSITIVE}
-
     amp: Float[Array, " n_basis"] = eqx.field(converter=_as_float_vector)
     n_max: int = eqx.field(static=True)
-    beta: FloatScalar = eqx.field(converter=as_float)
+    beta: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=POSITIVE, bounds=(0.0, math.inf))
+    )
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 

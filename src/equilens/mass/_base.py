@@ -2,13 +2,12 @@
 
 import abc
 import functools
-from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._checks import Domain, check_fields
+from .._checks import check_fields
 from .._custom_types import GridArray
 
 Deflection = tuple[GridArray, GridArray]
@@ -25,22 +24,15 @@ class AbstractMassProfile(eqx.Module):
 
     All methods take coordinates `x`, `y` (arcsec) of any common shape and return arrays of
     that shape. Profiles add: `SIE(...) + ExternalShear(...)` is a `MassSum`.
+
+    Each parameter is described next to its field, `eqx.field(metadata=equilens.describe(...))` (its
+    `domain`, checked when the profile is built with the other floating fields required
+    finite and an `(e1, e2)` inside the unit disk; its default fit `bounds`; whether a fit
+    holds it `fixed`): see `equilens._checks`.
     """
 
-    #: Default bounds `{field: (lower, upper)}` that `equilens.fit` keeps each parameter in
-    #: (by reparametrisation; `(0, inf)` is positivity). Final classes declare their own.
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {}
-    #: Fields `equilens.fit` holds fixed unless `free=` says otherwise (e.g. a shear's
-    #: expansion point, degenerate with the source position).
-    fixed: ClassVar[tuple[str, ...]] = ()
-    #: Where each parameter is defined, `{field: Domain}` (outside it the formulas give NaN
-    #: or nonsense; wider than `bounds`). Checked when a profile is built, with the other
-    #: floating fields required finite and an `(e1, e2)` inside the unit disk
-    #: (`equilens._checks.check_fields`: a ValueError, or `eqx.error_if` under `jit`).
-    domain: ClassVar[dict[str, Domain]] = {}
-
     def __check_init__(self):
-        check_fields(self, self.domain)
+        check_fields(self)
 
     @abc.abstractmethod
     def deflection(self, x: GridArray, y: GridArray) -> Deflection:

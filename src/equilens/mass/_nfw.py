@@ -14,13 +14,12 @@ is one analytic function (so X = 1 needs no special case).
 """
 
 import math
-from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import NON_NEGATIVE, POSITIVE, Domain
+from .._checks import NON_NEGATIVE, POSITIVE, describe
 from .._custom_types import FloatScalar, GridArray, as_float
 from .._math import atanh_ratio, rotate, smooth_in_ellipticity, unrotate
 from ._base import AbstractMassProfile, Deflection
@@ -67,15 +66,12 @@ class NFW(AbstractMassProfile):
     `X < 10 sqrt(eps)` (1.5e-7 Rs in float64) the radius is floored.
     """
 
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        "Rs": (0.0, math.inf),
-        "alpha_Rs": (0.0, math.inf),
-    }
-
-    domain: ClassVar[dict[str, Domain]] = {"Rs": POSITIVE, "alpha_Rs": NON_NEGATIVE}
-
-    Rs: FloatScalar = eqx.field(converter=as_float)
-    alpha_Rs: FloatScalar = eqx.field(converter=as_float)
+    Rs: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=POSITIVE, bounds=(0.0, math.inf))
+    )
+    alpha_Rs: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=NON_NEGATIVE, bounds=(0.0, math.inf))
+    )
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 
@@ -209,19 +205,18 @@ class EllipticalNFW(AbstractMassProfile):
     **Arguments:** `Rs` (arcsec), `alpha_Rs` (arcsec), `e1`, `e2`, `center_x`, `center_y`.
     """
 
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        "Rs": (0.0, math.inf),
-        "alpha_Rs": (0.0, math.inf),
-        "e1": (-0.6, 0.6),
-        "e2": (-0.6, 0.6),
-    }
-
-    domain: ClassVar[dict[str, Domain]] = {"Rs": POSITIVE, "alpha_Rs": NON_NEGATIVE}
-
-    Rs: FloatScalar = eqx.field(converter=as_float)
-    alpha_Rs: FloatScalar = eqx.field(converter=as_float)
-    e1: FloatScalar = eqx.field(converter=as_float, default=0.0)
-    e2: FloatScalar = eqx.field(converter=as_float, default=0.0)
+    Rs: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=POSITIVE, bounds=(0.0, math.inf))
+    )
+    alpha_Rs: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=NON_NEGATIVE, bounds=(0.0, math.inf))
+    )
+    e1: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-0.6, 0.6))
+    )
+    e2: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-0.6, 0.6))
+    )
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 

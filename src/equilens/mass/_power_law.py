@@ -7,13 +7,12 @@ the convergence is `kappa = (3 - gamma)/2 * (theta_E / R)^(gamma - 1)` with
 """
 
 import math
-from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._checks import NON_NEGATIVE, Domain
+from .._checks import NON_NEGATIVE, Domain, describe
 from .._custom_types import FloatScalar, GridArray, as_float
 from .._math import (
     elliptical_radius_sq,
@@ -114,11 +113,9 @@ class SIS(AbstractMassProfile):
     **Arguments:** `theta_E` (Einstein radius, arcsec), `center_x`, `center_y` (arcsec).
     """
 
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {"theta_E": (0.0, math.inf)}
-
-    domain: ClassVar[dict[str, Domain]] = {"theta_E": NON_NEGATIVE}
-
-    theta_E: FloatScalar = eqx.field(converter=as_float)
+    theta_E: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=NON_NEGATIVE, bounds=(0.0, math.inf))
+    )
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 
@@ -149,17 +146,15 @@ class SIE(AbstractMassProfile):
     program. The arctangent is `fast_arctan` (1 ulp), one log gives the atanh.
     """
 
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        "theta_E": (0.0, math.inf),
-        "e1": (-0.6, 0.6),
-        "e2": (-0.6, 0.6),
-    }
-
-    domain: ClassVar[dict[str, Domain]] = {"theta_E": NON_NEGATIVE}
-
-    theta_E: FloatScalar = eqx.field(converter=as_float)
-    e1: FloatScalar = eqx.field(converter=as_float, default=0.0)
-    e2: FloatScalar = eqx.field(converter=as_float, default=0.0)
+    theta_E: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=NON_NEGATIVE, bounds=(0.0, math.inf))
+    )
+    e1: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-0.6, 0.6))
+    )
+    e2: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-0.6, 0.6))
+    )
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 
@@ -285,22 +280,20 @@ class EPL(AbstractMassProfile):
     `center_x`, `center_y` (arcsec).
     """
 
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        "theta_E": (0.0, math.inf),
-        "gamma": (1.1, 2.9),
-        "e1": (-0.6, 0.6),
-        "e2": (-0.6, 0.6),
-    }
-
-    domain: ClassVar[dict[str, Domain]] = {
-        "theta_E": NON_NEGATIVE,
-        "gamma": Domain(1.0, 3.0, True, True),
-    }
-
-    theta_E: FloatScalar = eqx.field(converter=as_float)
-    gamma: FloatScalar = eqx.field(converter=as_float, default=2.0)
-    e1: FloatScalar = eqx.field(converter=as_float, default=0.0)
-    e2: FloatScalar = eqx.field(converter=as_float, default=0.0)
+    theta_E: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=NON_NEGATIVE, bounds=(0.0, math.inf))
+    )
+    gamma: FloatScalar = eqx.field(
+        converter=as_float,
+        default=2.0,
+        metadata=describe(domain=Domain(1.0, 3.0, True, True), bounds=(1.1, 2.9)),
+    )
+    e1: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-0.6, 0.6))
+    )
+    e2: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-0.6, 0.6))
+    )
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 

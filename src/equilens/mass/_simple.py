@@ -1,12 +1,11 @@
 """Point mass, external shear, convergence sheet and multipoles (lenstronomy conventions)."""
 
 import math
-from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._checks import NON_NEGATIVE, POSITIVE, Domain
+from .._checks import NON_NEGATIVE, POSITIVE, describe
 from .._custom_types import FloatScalar, GridArray, as_float
 from .._math import inv_sqrt_or_zero, safe_sqrt
 from ._base import AbstractMassProfile, Deflection, Hessian
@@ -20,11 +19,9 @@ class PointMass(AbstractMassProfile):
     At the exact centre the deflection is set to 0 (finite gradients).
     """
 
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {"theta_E": (0.0, math.inf)}
-
-    domain: ClassVar[dict[str, Domain]] = {"theta_E": NON_NEGATIVE}
-
-    theta_E: FloatScalar = eqx.field(converter=as_float)
+    theta_E: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=NON_NEGATIVE, bounds=(0.0, math.inf))
+    )
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 
@@ -52,17 +49,10 @@ class ExternalShear(AbstractMassProfile):
     point; it changes only the potential's constant and the deflection's constant offset).
     """
 
-    fixed: ClassVar[tuple[str, ...]] = ("ra_0", "dec_0")
-
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        "gamma1": (-0.5, 0.5),
-        "gamma2": (-0.5, 0.5),
-    }
-
-    gamma1: FloatScalar = eqx.field(converter=as_float)
-    gamma2: FloatScalar = eqx.field(converter=as_float)
-    ra_0: FloatScalar = eqx.field(converter=as_float, default=0.0)
-    dec_0: FloatScalar = eqx.field(converter=as_float, default=0.0)
+    gamma1: FloatScalar = eqx.field(converter=as_float, metadata=describe(bounds=(-0.5, 0.5)))
+    gamma2: FloatScalar = eqx.field(converter=as_float, metadata=describe(bounds=(-0.5, 0.5)))
+    ra_0: FloatScalar = eqx.field(converter=as_float, default=0.0, metadata=describe(fixed=True))
+    dec_0: FloatScalar = eqx.field(converter=as_float, default=0.0, metadata=describe(fixed=True))
 
     def deflection(self, x: GridArray, y: GridArray) -> Deflection:
         dx, dy = x - self.ra_0, y - self.dec_0
@@ -87,11 +77,9 @@ class ConvergenceSheet(AbstractMassProfile):
     **Arguments:** `kappa` (dimensionless), `ra_0`, `dec_0` (arcsec).
     """
 
-    fixed: ClassVar[tuple[str, ...]] = ("ra_0", "dec_0")
-
     kappa: FloatScalar = eqx.field(converter=as_float)
-    ra_0: FloatScalar = eqx.field(converter=as_float, default=0.0)
-    dec_0: FloatScalar = eqx.field(converter=as_float, default=0.0)
+    ra_0: FloatScalar = eqx.field(converter=as_float, default=0.0, metadata=describe(fixed=True))
+    dec_0: FloatScalar = eqx.field(converter=as_float, default=0.0, metadata=describe(fixed=True))
 
     def deflection(self, x: GridArray, y: GridArray) -> Deflection:
         return self.kappa * (x - self.ra_0), self.kappa * (y - self.dec_0)
@@ -116,18 +104,16 @@ class Multipole(AbstractMassProfile):
     only used for m = 1; default 1).
     """
 
-    fixed: ClassVar[tuple[str, ...]] = ("r_E",)
-
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {"r_E": (0.0, math.inf)}
-
-    domain: ClassVar[dict[str, Domain]] = {"r_E": POSITIVE}
-
     m: int = eqx.field(static=True)
     a_m: FloatScalar = eqx.field(converter=as_float)
     phi_m: FloatScalar = eqx.field(converter=as_float, default=0.0)
     center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
-    r_E: FloatScalar = eqx.field(converter=as_float, default=1.0)
+    r_E: FloatScalar = eqx.field(
+        converter=as_float,
+        default=1.0,
+        metadata=describe(domain=POSITIVE, bounds=(0.0, math.inf), fixed=True),
+    )
 
     def __check_init__(self):
         if not isinstance(self.m, int) or self.m < 1:

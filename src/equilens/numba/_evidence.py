@@ -22,7 +22,15 @@ import scipy.linalg
 from jaxtyping import Float, Int
 
 from .._lens_system import LensSystem
-from ..inversion import NONNEG_ITERATIONS
+from ..inversion import (
+    gp_precision,
+    jacobi_scaling,
+    log_evidence,
+    noise_normalisation,
+    projected_gradient,
+    python_loop,
+    source_signal,
+)
 from ..regularization import (
     AdaptiveBrightness,
     ConstantRegularization,
@@ -325,11 +333,10 @@ def _gp_prior(coefficient: float, kernel: np.ndarray, jitter: float) -> tuple[An
     except np.linalg.LinAlgError:
         return np.full((n, n), np.nan), math.nan
     inv_low = scipy.linalg.solve_triangular(low, np.eye(n), lower=True)
-    inv = inv_low.T @ inv_low
-    inv = 0.5 * (inv + inv.T)
     logdet_k = 2.0 * float(np.sum(np.log(np.diagonal(low))))
-    log_c = n * math.log(coefficient) if coefficient > 0 else math.nan
-    return coefficient * inv, log_c - logdet_k
+    with np.errstate(invalid="ignore", divide="ignore"):  # (log of a coefficient <= 0)
+        h, log_det = gp_precision(np, coefficient, inv_low.T @ inv_low, logdet_k)
+    return h, float(log_det)
 
 
 @register_regularization(MaternKernel)
@@ -369,7 +376,7 @@ class _HostEvidence:
         noise = self.imaging.noise[self.pixels]
         self.inv_sigma = 1.0 / noise
         self.data = self.imaging.data
-        self.norm = float(np.sum(2.0 * np.log(noise)) + math.log(2 * math.pi) * noise.size)
+        self.norm = float(noise_normalisation(np, noise))
         self.kernel = np.asarray(imaging.psf.kernel(), np.float64)
         sparse = [r for r in term.routes() if isinstance(r, SparseRoute)]
         if sparse:
@@ -445,10 +452,7 @@ def invert(term: LogEvidence, system: LensSystem) -> Evidence:
     if type(regularization).uses_signal:
         total = np.bincount(idx.reshape(-1), (w * h.adapt[:, None]).reshape(-1), n_s)
         cover = np.bincount(idx.reshape(-1), w.reshape(-1), n_s)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            signal = np.where(cover > 0, total / np.where(cover > 0, cover, 1.0), 0.0)
-        peak = np.max(signal)
-        signal = signal / peak if peak > 0 else np.zeros(n_s)
+        signal = source_signal(np, total, cover)
     else:
         signal = np.zeros(n_s)
     reg, log_det_reg = regularization_matrix(regularization, geo, signal)
@@ -499,7 +503,7 @@ def invert(term: LogEvidence, system: LensSystem) -> Evidence:
                 keep=False,
             )[1]
     solved = bool(np.all(np.isfinite(x)) and math.isfinite(log_det) and math.isfinite(log_det_reg))
-    log_ev = -0.5 * (fit + log_det - log_det_reg + h.norm) if solved else -math.inf
+    log_ev = log_evidence(fit, log_det, log_det_reg, h.norm) if solved else -math.inf
     if not math.isfinite(log_ev):
         log_ev = -math.inf
     return Evidence(
@@ -540,30 +544,16 @@ def _nonnegative(h, n_s, idx, w, values, reg, gram, rhs, images, fixed, profiled
 
 
 def _positive_solve(a: np.ndarray, b: np.ndarray, constrained: np.ndarray):
-    """`solve_system(a, b, constrained)` of `equilens.inversion` in NumPy: Jacobi
-    scaling, the accelerated projected-gradient active set (the same iterations), the
-    exact solve on the free entries; `x` and `log det a` (NaN when `a` is not positive
-    definite)."""
-    d = np.diagonal(a)
-    scale = np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 1.0)
-    a_s, b_s = a * scale[:, None] * scale[None, :], b * scale
+    """`solve_system(a, b, constrained)` of `equilens.inversion` in NumPy: Jacobi scaling,
+    the accelerated projected-gradient active set (the same formulas), the exact solve on
+    the free entries; `x` and `log det a` (NaN when `a` is not positive definite)."""
+    a_s, b_s, scale = jacobi_scaling(np, a, b)
     try:
         low = np.linalg.cholesky(a_s)
     except np.linalg.LinAlgError:
         return np.full(b.shape, np.nan), math.nan
     log_det = 2.0 * float(np.sum(np.log(np.diagonal(low))))
-    step = 1.0 / np.max(np.sum(np.abs(a_s), axis=1))
-
-    def project(v):
-        return np.where(constrained, np.maximum(v, 0.0), v)
-
-    x = z = project(b_s)
-    t = 1.0
-    for _ in range(NONNEG_ITERATIONS):
-        x_new = project(z - step * (a_s @ z - b_s))
-        t_new = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * t * t))
-        z = x_new + ((t - 1.0) / t_new) * (x_new - x)
-        x, t = x_new, t_new
+    x = projected_gradient(np, a_s, b_s, constrained, python_loop)
     free = (x > 0) | ~constrained
     both = free[:, None] & free[None, :]
     low = np.linalg.cholesky(np.where(both, a_s, np.eye(a.shape[0])))

@@ -20,6 +20,7 @@ from ._registry import (
     register_intensity,
     register_mass,
     scalar,
+    scalar_fields,
     vector,
 )
 from ._runtime import _LOCK
@@ -35,7 +36,10 @@ def _run(kernel, x, y, rows: int, *params) -> np.ndarray:
     return out
 
 
-def _mass(cls, kernel, *names):
+def _mass(cls, kernel):
+    # (the kernel takes the class's scalar parameters in the order the class declares them)
+    names = scalar_fields(cls)
+
     def fn(profile, x, y, what):
         params = [scalar(profile, n) for n in names]
         return _run(kernel, x, y, _ROWS[what], *params, what)
@@ -43,27 +47,28 @@ def _mass(cls, kernel, *names):
     register_mass(cls)(fn)
 
 
-_mass(ms.SIS, mk.sis, "theta_E", "center_x", "center_y")
-_mass(ms.SIE, mk.sie, "theta_E", "e1", "e2", "center_x", "center_y")
-_mass(ms.EPL, mk.epl, "theta_E", "gamma", "e1", "e2", "center_x", "center_y")
-_mass(ms.NFW, mk.nfw, "Rs", "alpha_Rs", "center_x", "center_y")
-_mass(ms.PointMass, mk.point_mass, "theta_E", "center_x", "center_y")
-_mass(ms.ExternalShear, mk.shear, "gamma1", "gamma2", "ra_0", "dec_0")
-_mass(ms.ConvergenceSheet, mk.sheet, "kappa", "ra_0", "dec_0")
+_mass(ms.SIS, mk.sis)
+_mass(ms.SIE, mk.sie)
+_mass(ms.EPL, mk.epl)
+_mass(ms.NFW, mk.nfw)
+_mass(ms.PointMass, mk.point_mass)
+_mass(ms.ExternalShear, mk.shear)
+_mass(ms.ConvergenceSheet, mk.sheet)
 
 _CSE = (np.asarray(CSE_S, np.float64), np.asarray(CSE_A, np.float64))
+_ELLIPTICAL_NFW = scalar_fields(ms.EllipticalNFW)
+_MULTIPOLE = scalar_fields(ms.Multipole)
 
 
 @register_mass(ms.EllipticalNFW)
 def _elliptical_nfw(profile, x, y, what):
-    names = ("Rs", "alpha_Rs", "e1", "e2", "center_x", "center_y")
-    params = [scalar(profile, n) for n in names]
+    params = [scalar(profile, n) for n in _ELLIPTICAL_NFW]
     return _run(mk.elliptical_nfw, x, y, _ROWS[what], *params, *_CSE, what)
 
 
 @register_mass(ms.Multipole)
 def _multipole(profile, x, y, what):
-    params = [scalar(profile, n) for n in ("a_m", "phi_m", "center_x", "center_y", "r_E")]
+    params = [scalar(profile, n) for n in _MULTIPOLE]
     return _run(mk.multipole, x, y, _ROWS[what], int(profile.m), *params, what)
 
 
@@ -80,37 +85,43 @@ def _mass_batch(profile, x, y, what):
     return functools.reduce(np.add, [kernel_rows(p, x, y, what) for p in members])
 
 
+# (each kernel takes the class's scalar parameters but the amplitude in the order the
+# class declares them)
+_GAUSSIAN = scalar_fields(lt.Gaussian, but=("amp",))
+_MGE = scalar_fields(lt.MGE, but=("amp",))
+_SERSIC = scalar_fields(lt.Sersic, but=("amp",))
+_CORE_SERSIC = scalar_fields(lt.CoreSersic, but=("amp",))
+_SHAPELETS = scalar_fields(lt.Shapelets, but=("amp",))
+
+
 @register_basis(lt.Gaussian)
 def _gaussian(light, x, y):
-    sigma = np.array([scalar(light, "sigma")])
-    params = [scalar(light, n) for n in ("e1", "e2", "center_x", "center_y")]
-    return _run(lk.gaussians, x, y, 1, sigma, *params)
+    sigma, *params = [scalar(light, n) for n in _GAUSSIAN]
+    return _run(lk.gaussians, x, y, 1, np.array([sigma]), *params)
 
 
 @register_basis(lt.MGE)
 def _mge(light, x, y):
     sigma = vector(light, "sigma")
-    params = [scalar(light, n) for n in ("e1", "e2", "center_x", "center_y")]
+    params = [scalar(light, n) for n in _MGE]
     return _run(lk.gaussians, x, y, sigma.size, sigma, *params)
 
 
 @register_basis(lt.Sersic)
 def _sersic(light, x, y):
-    names = ("R_sersic", "n_sersic", "e1", "e2", "center_x", "center_y")
-    return _run(lk.sersic, x, y, 1, *[scalar(light, n) for n in names])
+    return _run(lk.sersic, x, y, 1, *[scalar(light, n) for n in _SERSIC])
 
 
 @register_basis(lt.CoreSersic)
 def _core_sersic(light, x, y):
-    names = ("R_sersic", "Rb", "n_sersic", "gamma", "e1", "e2", "center_x", "center_y", "alpha")
-    return _run(lk.core_sersic, x, y, 1, *[scalar(light, n) for n in names])
+    return _run(lk.core_sersic, x, y, 1, *[scalar(light, n) for n in _CORE_SERSIC])
 
 
 @register_basis(lt.Shapelets)
 def _shapelets(light, x, y):
     idx = np.asarray(shapelet_indices(light.n_max), np.int64).reshape(-1, 2)
     n1, n2 = np.ascontiguousarray(idx[:, 0]), np.ascontiguousarray(idx[:, 1])
-    params = [scalar(light, n) for n in ("beta", "center_x", "center_y")]
+    params = [scalar(light, n) for n in _SHAPELETS]
     return _run(lk.shapelets, x, y, len(idx), int(light.n_max), *params, n1, n2)
 
 

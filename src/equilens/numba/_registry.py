@@ -4,12 +4,15 @@ module's fields to the kernels' operands. Nothing here loads a kernel: `_api` lo
 built-in ones (`_profiles`) on the first call that needs them, and `_profiles` registers
 them here."""
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
 import jax
 import numpy as np
+
+from .._custom_types import FloatScalar
 
 #: What a mass kernel computes: the rows of its output.
 DEFLECTION, POTENTIAL, HESSIAN = 0, 1, 2
@@ -65,6 +68,15 @@ def _not_implemented(obj: Any) -> NotImplementedError:
         f"the Numba backend has no kernel for {type(obj).__name__} "
         f"({type(obj).__module__}); register one with equilens.numba.register_mass, "
         "register_basis or register_intensity"
+    )
+
+
+def scalar_fields(cls: type, but: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The names of the scalar parameters (`FloatScalar` fields) of module class `cls`, in
+    the order the class declares them, except those in `but`: the order a profile's
+    kernel takes them in (a kernel written for it follows the class)."""
+    return tuple(
+        f.name for f in dataclasses.fields(cls) if f.type is FloatScalar and f.name not in but
     )
 
 

@@ -33,6 +33,13 @@ from ..terms import (
     PositionsThreshold,
     UniformPrior,
 )
+from ..terms._formulas import (
+    gaussian_normalisation,
+    log_volume,
+    poisson_deviance,
+    standardised,
+    threshold_excess,
+)
 from ..terms._positions import source_plane_offsets
 from ._api import mass_rows
 from ._image import image, linear_images
@@ -190,7 +197,7 @@ def _gaussian(term: GaussianLikelihood, model: LensSystem) -> float:
     host = host_imaging(term.imaging)
     m = model_image(term, model).reshape(-1)[host.pixels]
     r = (host.data[host.pixels] - m) * host.inv_noise
-    constant = host.log_noise_sum + 0.5 * math.log(2 * math.pi) * host.pixels.size
+    constant = gaussian_normalisation(host.log_noise_sum, host.pixels.size)
     return float(0.5 * np.dot(r, r) + constant)
 
 
@@ -199,9 +206,8 @@ def _poisson(term: PoissonLikelihood, model: LensSystem) -> float:
     host = host_imaging(term.imaging)
     t, bg = float(term.exposure_time), float(term.background)
     m = model_image(term, model).reshape(-1)[host.pixels]
-    c = np.maximum((host.data[host.pixels] + bg) * t, 0.0)
-    lam = np.maximum((m + bg) * t, np.finfo(np.float64).tiny)
-    return float(np.sum(lam - c * np.log(lam) + scipy.special.gammaln(c + 1)))
+    d = host.data[host.pixels]
+    return float(poisson_deviance(np, m, d, bg, t, scipy.special.gammaln))
 
 
 # --------------------------------------------------------------------------------------
@@ -278,7 +284,7 @@ def _positions(term: PositionsTerm, model: Any) -> float:
     sigma = float(term.sigma)
     r = np.concatenate([rx, ry]) / sigma
     n = 2 * x.size
-    return float(0.5 * np.dot(r, r) + n * (math.log(sigma) + 0.5 * math.log(2 * math.pi)))
+    return float(0.5 * np.dot(r, r) + gaussian_normalisation(n * math.log(sigma), n))
 
 
 @register_term(PositionsThreshold)
@@ -286,9 +292,7 @@ def _positions_threshold(term: PositionsThreshold, model: Any) -> float:
     x, y = np.asarray(term.x, np.float64), np.asarray(term.y, np.float64)
     alpha = mass_rows(_mass_of(model), x, y, DEFLECTION)
     bx, by = x - alpha[0], y - alpha[1]
-    d2 = (bx - np.mean(bx)) ** 2 + (by - np.mean(by)) ** 2
-    threshold, sigma = float(term.threshold), float(term.sigma)
-    excess = (np.sqrt(np.maximum(d2, threshold * threshold)) - threshold) / sigma
+    excess = threshold_excess(np, bx, by, float(term.threshold), float(term.sigma))
     return float(0.5 * np.dot(excess, excess))
 
 
@@ -296,8 +300,8 @@ def _positions_threshold(term: PositionsThreshold, model: Any) -> float:
 def _gaussian_prior(term: GaussianPrior, model: Any) -> float:
     value = np.asarray(term.where(model), np.float64)
     mean, sigma = np.asarray(term.mean, np.float64), np.asarray(term.sigma, np.float64)
-    r = np.reshape((value - mean) / sigma, -1)
-    return float(0.5 * np.dot(r, r) + np.sum(np.log(sigma) + 0.5 * math.log(2 * math.pi)))
+    r = standardised(np, value, mean, sigma)
+    return float(0.5 * np.dot(r, r) + gaussian_normalisation(np.sum(np.log(sigma)), sigma.size))
 
 
 @register_term(UniformPrior)
@@ -305,7 +309,7 @@ def _uniform_prior(term: UniformPrior, model: Any) -> float:
     value = np.asarray(term.where(model), np.float64)
     lower, upper = np.asarray(term.lower, np.float64), np.asarray(term.upper, np.float64)
     inside = bool(np.all((value >= lower) & (value <= upper)))
-    constant = float(np.sum(np.log(upper - lower)))
+    constant = float(log_volume(np, lower, upper))
     return constant if inside else math.inf
 
 

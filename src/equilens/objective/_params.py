@@ -4,8 +4,9 @@ A fit varies an unconstrained vector of "raw" values, one per free leaf of the m
 top of the objective each raw value is mapped into its interval (`lower + exp(raw)`,
 `upper - exp(raw)` or `lower + (upper - lower) sigmoid(raw)`), so bounds such as
 `theta_E > 0`, `-0.6 < e1 < 0.6` or `1.1 < gamma < 2.9` always hold. No parameter names are
-kept by hand: leaves are found by walking the model, bounds come from each profile class's
-`bounds` table, `UniformPrior` terms, and the user's `bounds={where: (lower, upper)}`.
+kept by hand: leaves are found by walking the model, bounds come from each field's
+description (`equilens.describe(bounds=...)`), `UniformPrior` terms, and the user's
+`bounds={where: (lower, upper)}`.
 """
 
 import math
@@ -19,7 +20,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import Array, Float, PyTree
 
-from .._checks import is_traced
+from .._checks import Parameter, is_traced, parameters
 
 Bounds = tuple[float, float]
 Where = Callable[[PyTree[Any]], Any]
@@ -55,12 +56,20 @@ def _child(node: Any, key: Any) -> Any:
     raise KeyError(key)
 
 
+def _described(node: Any, name: str) -> Parameter:
+    """What the field `name` of `node` declares (`equilens.describe`): nothing for a
+    node that is not a module."""
+    if isinstance(node, eqx.Module):
+        return parameters(type(node)).get(name, Parameter())
+    return Parameter()
+
+
 def _held(model: PyTree[Any], path: tuple[Any, ...]) -> bool:
-    """Whether a module on `path` lists the next field of the path in its class's `fixed`
-    table (e.g. `ExternalShear.ra_0`, or everything inside a `FixedLight`)."""
+    """Whether a module on `path` declares the next field of the path `fixed` (e.g.
+    `ExternalShear.ra_0`, or everything inside a `FixedLight`)."""
     node = model
     for key in path:
-        if isinstance(key, jtu.GetAttrKey) and key.name in getattr(type(node), "fixed", ()):
+        if isinstance(key, jtu.GetAttrKey) and _described(node, key.name).fixed:
             return True
         try:
             node = _child(node, key)
@@ -175,7 +184,7 @@ class Parametrisation(eqx.Module):
         - `linear`: boolean pytree, True at leaves solved linearly inside the objective
           (never free).
         - `free`: None (every floating-point leaf except `linear` ones and the fields a
-          class lists in its `fixed` table, e.g. a shear's `ra_0`), a boolean pytree
+          class describes as `fixed`, e.g. a shear's `ra_0`), a boolean pytree
           shaped like `model` (see `select`), or a predicate on leaves.
         - `bounds`: `{where: (lower, upper)}` overriding the class defaults.
         - `prior_bounds`: bounds from uniform priors (used where `bounds` says nothing).
@@ -203,8 +212,7 @@ class Parametrisation(eqx.Module):
             fr = [s and f and not li for s, f, li in zip(spec, is_float, lin, strict=True)]
         bnd: list[Bounds | None] = []
         for owner, name in owners:
-            table = getattr(type(owner), "bounds", {}) if owner is not None else {}
-            bnd.append(table.get(name) if isinstance(table, dict) and name else None)
+            bnd.append(_described(owner, name).bounds if name else None)
         for overrides in (prior_bounds, bounds):
             for where, b in (overrides or {}).items():
                 mask = _as_list(model, select(model, where))

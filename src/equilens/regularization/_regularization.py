@@ -11,8 +11,9 @@ import numpy as np
 from jaxtyping import Array, Float, Int, Scalar
 
 from .._callback import host_callback
-from .._checks import POSITIVE, Domain
+from .._checks import POSITIVE, describe
 from .._custom_types import FloatScalar, ScalarLike, as_float
+from ..inversion._formulas import gp_precision
 from ..inversion._linalg import inverse_from_factor, logdet_factor, logdet_psd
 from ..source._geometry import (
     AbstractGeometry,
@@ -145,10 +146,8 @@ class ConstantRegularization(AbstractRegularization):
     per (flux/arcsec^2)^-2); `ridge` (static, > 0) is fixed when a fit varies `lambda`.
     `ConstantRegularization.from_pyautolens` gives PyAutoLens's `Constant` exactly."""
 
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {"coefficient": _POSITIVE}
-    domain: ClassVar[dict[str, Domain]] = {"coefficient": POSITIVE}
     fixed_sparsity: ClassVar[bool] = True
-    coefficient: FloatScalar
+    coefficient: FloatScalar = eqx.field(metadata=describe(domain=POSITIVE, bounds=_POSITIVE))
     ridge: float = eqx.field(static=True)
 
     def __init__(self, coefficient: ScalarLike = 1.0, ridge: float = RIDGE):
@@ -193,10 +192,8 @@ class CurvatureRegularization(AbstractRegularization):
     the graph Laplacian of the triangulation (Delaunay), plus the ridge of
     `ConstantRegularization`. `coefficient` is `lambda` (> 0)."""
 
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {"coefficient": _POSITIVE}
-    domain: ClassVar[dict[str, Domain]] = {"coefficient": POSITIVE}
     fixed_sparsity: ClassVar[bool] = True
-    coefficient: FloatScalar
+    coefficient: FloatScalar = eqx.field(metadata=describe(domain=POSITIVE, bounds=_POSITIVE))
 
     def __init__(self, coefficient: ScalarLike = 1.0):
         self.coefficient = as_float(coefficient)
@@ -232,21 +229,11 @@ class AdaptiveBrightness(AbstractRegularization):
     inversion's adapt image (`LogEvidence(adapt_image=...)`, by default the data) mapped to
     the source pixels."""
 
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        "inner_coefficient": _POSITIVE,
-        "outer_coefficient": _POSITIVE,
-        "signal_scale": (0.0, 10.0),
-    }
-    domain: ClassVar[dict[str, Domain]] = {
-        "inner_coefficient": POSITIVE,
-        "outer_coefficient": POSITIVE,
-        "signal_scale": POSITIVE,
-    }
     uses_signal: ClassVar[bool] = True
     fixed_sparsity: ClassVar[bool] = True
-    inner_coefficient: FloatScalar
-    outer_coefficient: FloatScalar
-    signal_scale: FloatScalar
+    inner_coefficient: FloatScalar = eqx.field(metadata=describe(domain=POSITIVE, bounds=_POSITIVE))
+    outer_coefficient: FloatScalar = eqx.field(metadata=describe(domain=POSITIVE, bounds=_POSITIVE))
+    signal_scale: FloatScalar = eqx.field(metadata=describe(domain=POSITIVE, bounds=(0.0, 10.0)))
 
     def __init__(
         self,
@@ -305,9 +292,7 @@ def _gp_matrix(
     k = kernel + jitter * jnp.eye(n, dtype=kernel.dtype)
     chol = jnp.linalg.cholesky(k)
     inv = inverse_from_factor(chol, lower=True)
-    inv = 0.5 * (inv + inv.T)
-    logdet_k = logdet_factor(k, chol, True)
-    return coefficient * inv, n * jnp.log(coefficient) - logdet_k
+    return gp_precision(jnp, coefficient, inv, logdet_factor(k, chol, True))
 
 
 class MaternKernel(AbstractRegularization):
@@ -320,14 +305,9 @@ class MaternKernel(AbstractRegularization):
     (> 0) can be fitted; `nu` is static; `jitter` (default 1e-6) is added to the diagonal
     of the unit-variance `K` for numerical stability."""
 
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        "coefficient": _POSITIVE,
-        "scale": _POSITIVE,
-    }
-    domain: ClassVar[dict[str, Domain]] = {"coefficient": POSITIVE, "scale": POSITIVE}
     fixed_sparsity: ClassVar[bool] = True
-    coefficient: FloatScalar
-    scale: FloatScalar
+    coefficient: FloatScalar = eqx.field(metadata=describe(domain=POSITIVE, bounds=_POSITIVE))
+    scale: FloatScalar = eqx.field(metadata=describe(domain=POSITIVE, bounds=_POSITIVE))
     nu: float = eqx.field(static=True)
     jitter: float = eqx.field(static=True)
 
@@ -358,14 +338,9 @@ class ExponentialKernel(AbstractRegularization):
     coefficient` (the Matern kernel with `nu = 1/2`; Vernardos & Koopmans 2022). See
     `MaternKernel` for the meaning of the fields."""
 
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        "coefficient": _POSITIVE,
-        "scale": _POSITIVE,
-    }
-    domain: ClassVar[dict[str, Domain]] = {"coefficient": POSITIVE, "scale": POSITIVE}
     fixed_sparsity: ClassVar[bool] = True
-    coefficient: FloatScalar
-    scale: FloatScalar
+    coefficient: FloatScalar = eqx.field(metadata=describe(domain=POSITIVE, bounds=_POSITIVE))
+    scale: FloatScalar = eqx.field(metadata=describe(domain=POSITIVE, bounds=_POSITIVE))
     jitter: float = eqx.field(static=True)
 
     def __init__(

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float
 
+from .._checks import parameters
 from .._lens_system import LensSystem
 from .._multiband import MultiBandLensSystem
 from ..data import Imaging, MultiBandImaging
@@ -91,7 +92,7 @@ def lens_bounds(
     comps = model.source.components if isinstance(model.source, LightSum) else None
     for i, c in enumerate(comps if comps is not None else (model.source,)):
         for name in SIZE_FIELDS:
-            if has_field(c, name) and name not in getattr(type(c), "fixed", ()):
+            if has_field(c, name) and not parameters(type(c))[name].fixed:
                 if comps is None:
                     out[lambda s, n=name: getattr(s.source, n)] = (0.0, size_hi)
                 else:

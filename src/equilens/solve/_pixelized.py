@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float
 
+from .._checks import default_bounds
 from .._lens_system import LensSystem
 from .._multiband import MultiBandLensSystem
 from ..data import Imaging, MultiBandImaging
@@ -85,7 +86,8 @@ def pixelized_model(
 
 def _strength_where(system: LensSystem) -> Callable[[LensSystem], Any]:
     assert isinstance(system.source, PixelizedSource)
-    names = [n for n in type(system.source.regularization).bounds if n.endswith("coefficient")]
+    bounded = default_bounds(type(system.source.regularization))
+    names = [n for n in bounded if n.endswith("coefficient")]
     return lambda s: tuple(getattr(s.source.regularization, n) for n in names)  # pyright: ignore[reportAttributeAccessIssue]
 
 

@@ -10,7 +10,7 @@ import abc
 import collections
 import functools
 import threading
-from typing import Any, ClassVar
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -19,6 +19,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, Scalar
 
 from .._callback import host_callback
+from .._checks import describe
 from .._custom_types import as_float
 
 #: Sparse rows of a linear operator on the source values: `rows @ s = sum_k coef[:, k] *
@@ -78,8 +79,6 @@ class SparseSymmetric(eqx.Module):
 
 class AbstractGeometry(eqx.Module):
     """The concrete pixels of a source mesh (arcsec, source plane)."""
-
-    fixed: ClassVar[tuple[str, ...]] = ()
 
     @property
     @abc.abstractmethod
@@ -165,9 +164,8 @@ class RectilinearGeometry(AbstractGeometry):
     no gathers: 3x faster on a CPU), and the weights depend on those two (their gradient
     with respect to the coordinates in between is zero)."""
 
-    fixed: ClassVar[tuple[str, ...]] = ("xs", "ys")
-    xs: Float[Array, " nx"]
-    ys: Float[Array, " ny"]
+    xs: Float[Array, " nx"] = eqx.field(metadata=describe(fixed=True))
+    ys: Float[Array, " ny"] = eqx.field(metadata=describe(fixed=True))
     uniform: bool = eqx.field(static=True, default=False)
     extrapolate: bool = eqx.field(static=True, default=False)
 
@@ -367,10 +365,9 @@ class TriangulationGeometry(AbstractGeometry):
     solver's trial step far from the data can give) yield NaN weights, so the inversion
     reports an invalid (`-inf`) evidence instead of raising."""
 
-    fixed: ClassVar[tuple[str, ...]] = ("points", "edges", "edge_weight")
-    points: Float[Array, "n 2"]
-    edges: Int[Array, "e 2"]
-    edge_weight: Int[Array, " e"]
+    points: Float[Array, "n 2"] = eqx.field(metadata=describe(fixed=True))
+    edges: Int[Array, "e 2"] = eqx.field(metadata=describe(fixed=True))
+    edge_weight: Int[Array, " e"] = eqx.field(metadata=describe(fixed=True))
 
     @classmethod
     def triangulate(cls, nodes: Float[Array, "n 2"]) -> "TriangulationGeometry":

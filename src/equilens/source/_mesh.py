@@ -9,13 +9,13 @@ holds a point, the triangulation itself).
 
 import abc
 import math
-from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
+from .._checks import describe
 from .._custom_types import as_float
 from .._grid import Grid
 from ..mass import AbstractMassProfile
@@ -30,8 +30,6 @@ def _check_shape(name: str, shape: tuple[int, int]) -> tuple[int, int]:
 
 class AbstractMesh(eqx.Module):
     """A recipe for the pixels of a pixelized source (see the module docstring)."""
-
-    fixed: ClassVar[tuple[str, ...]] = ()
 
     @property
     @abc.abstractmethod
@@ -186,9 +184,8 @@ class DelaunayMesh(AbstractMesh):
     over a mask.
     """
 
-    fixed: ClassVar[tuple[str, ...]] = ("image_x", "image_y")
-    image_x: Float[Array, " n"]
-    image_y: Float[Array, " n"]
+    image_x: Float[Array, " n"] = eqx.field(metadata=describe(fixed=True))
+    image_y: Float[Array, " n"] = eqx.field(metadata=describe(fixed=True))
 
     def __init__(self, image_x: Float[Array, " n"], image_y: Float[Array, " n"]):
         ix, iy = as_float(image_x), as_float(image_y)

@@ -7,7 +7,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Scalar
 
-from .._checks import Domain, check_fields
+from .._checks import check_fields, describe
 from .._custom_types import GridArray, as_float
 from ..light import AbstractLightProfile
 from ._geometry import AbstractGeometry, SparseSymmetric
@@ -20,7 +20,8 @@ class AbstractRegularization(eqx.Module):
     `matrix(geometry, signal)` returns `H` (`n x n`, positive definite) and `log det H`;
     `signal` is a brightness estimate per source pixel in `[0, 1]` (used by adaptive
     schemes; ignored otherwise). Strength parameters are array fields, so a fit can vary
-    them (by maximising the Bayesian evidence); their `bounds` keep them positive.
+    them (by maximising the Bayesian evidence); their descriptions (`equilens.describe`:
+    `domain`, `bounds`) keep them positive.
 
     A regularization whose `H` is sparse (a few neighbours per pixel) also gives it as a
     `SparseSymmetric` from `sparse_matrix` (None, the default, when it has no sparse
@@ -28,12 +29,6 @@ class AbstractRegularization(eqx.Module):
     curvature route adds its entries on the host, and differentiates them alone).
     """
 
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {}
-    fixed: ClassVar[tuple[str, ...]] = ()
-    #: The allowed values of each floating field (`equilens._checks.Domain`), checked where
-    #: the regularization is built (a `ValueError`; under `jit`, `eqx.error_if`); every
-    #: floating field must be finite, and a `FloatScalar` field a scalar.
-    domain: ClassVar[dict[str, Domain]] = {}
     #: Whether `matrix` uses the brightness `signal` (the inversion skips computing it if not).
     uses_signal: ClassVar[bool] = False
     #: Whether `H`'s zero entries stay zero whatever the parameters (its derivative is zero
@@ -43,7 +38,7 @@ class AbstractRegularization(eqx.Module):
     fixed_sparsity: ClassVar[bool] = False
 
     def __check_init__(self):
-        check_fields(self, self.domain)
+        check_fields(self)
 
     @abc.abstractmethod
     def matrix(
@@ -94,10 +89,9 @@ class PixelizedSource(AbstractLightProfile):
     so an unsolved source emits no light). The fit never varies them directly.
     """
 
-    fixed: ClassVar[tuple[str, ...]] = ("values",)
     mesh: AbstractMesh
     regularization: AbstractRegularization
-    values: Float[Array, " n"]
+    values: Float[Array, " n"] = eqx.field(metadata=describe(fixed=True))
     geometry: AbstractGeometry
 
     def __init__(

@@ -17,6 +17,7 @@ from ..inversion import (
     LinearProblem,
     RouteData,
     choose,
+    log_evidence,
     map_to_image,
     map_to_source,
     mapped_pixels,
@@ -25,6 +26,7 @@ from ..inversion import (
     route_class,
     route_names,
     solves_on_host,
+    source_signal,
 )
 from ..source._geometry import SparseSymmetric
 from ..source._pixelized import PixelizedSource, regularization_matrix
@@ -197,11 +199,7 @@ class LogEvidence(AbstractImagingTerm):
         if src.regularization.uses_signal:
             total = map_to_source(idx, w, self.adapt, n_s)
             cover = map_to_source(idx, w, jnp.ones_like(self.adapt), n_s)
-            signal = jnp.where(cover > 0, total / jnp.where(cover > 0, cover, 1.0), 0.0)
-            # (an adapt image that is zero on every source pixel gives a zero signal, with
-            # a finite gradient: a floored division's derivative is 0/0 there)
-            peak = jnp.max(signal)
-            signal = jnp.where(peak > 0, signal / jnp.where(peak > 0, peak, 1.0), 0.0)
+            signal = source_signal(jnp, total, cover)
         else:
             signal = jnp.zeros(n_s, w.dtype)
         # (a SparseSymmetric H stays by entries: made dense only on the routes that add
@@ -255,10 +253,11 @@ class LogEvidence(AbstractImagingTerm):
         reg_term = (
             reg.quadratic(values) if isinstance(reg, SparseSymmetric) else values @ (reg @ values)
         )
-        norm = noise_normalisation(noise)
-        log_dets = jnp.where(ok, log_det_curvature - log_det_reg, 0.0)
+        norm = noise_normalisation(jnp, noise)
         fit = chi2 + reg_term if solved.fit is None else jnp.where(ok, solved.fit, 0.0)
-        log_ev = -0.5 * (fit + log_dets + norm)
+        log_ev = log_evidence(
+            fit, jnp.where(ok, log_det_curvature, 0.0), jnp.where(ok, log_det_reg, 0.0), norm
+        )
         valid = ok & jnp.isfinite(log_ev)
         log_ev = jnp.where(valid, log_ev, -jnp.inf)
         err = jnp.zeros_like(values)

@@ -1,7 +1,6 @@
 """Imaging likelihoods (Gaussian and Poisson) and the linear amplitude solve."""
 
 import abc
-import math
 
 import equinox as eqx
 import jax
@@ -13,6 +12,7 @@ from .._lens_system import LensSystem
 from ..data import Imaging
 from ..source import PixelizedSource
 from ._base import AbstractDataTerm, AbstractLeastSquaresTerm
+from ._formulas import gaussian_normalisation, poisson_deviance
 
 
 def _used_pixels(imaging: Imaging) -> Int[Array, " n"]:
@@ -229,7 +229,7 @@ class GaussianLikelihood(AbstractParametricImagingTerm, AbstractLeastSquaresTerm
 
     def constant(self) -> Scalar:
         noise = self.imaging.noise_map.reshape(-1)[self.pixels]
-        return jnp.sum(jnp.log(noise)) + 0.5 * math.log(2 * math.pi) * self.pixels.shape[0]
+        return gaussian_normalisation(jnp.sum(jnp.log(noise)), self.pixels.shape[0])
 
     def chi2(self, system: LensSystem) -> Scalar:
         r = self.residuals(system)
@@ -274,11 +274,10 @@ class PoissonLikelihood(AbstractParametricImagingTerm):
         self.pixels = _used_pixels(imaging)
 
     def __call__(self, model: LensSystem) -> Scalar:
-        t = self.exposure_time
         m = self.model_image(model).reshape(-1)[self.pixels]
-        c = jnp.maximum((self.imaging.data.reshape(-1)[self.pixels] + self.background) * t, 0.0)
-        lam = jnp.maximum((m + self.background) * t, jnp.finfo(m.dtype).tiny)
-        return jnp.sum(lam - c * jnp.log(lam) + jax.scipy.special.gammaln(c + 1))
+        d = self.imaging.data.reshape(-1)[self.pixels]
+        gammaln = jax.scipy.special.gammaln
+        return poisson_deviance(jnp, m, d, self.background, self.exposure_time, gammaln)
 
     def chi2(self, system: LensSystem) -> Scalar:
         m = self.model_image(system)

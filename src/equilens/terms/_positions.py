@@ -1,6 +1,5 @@
 """Multiple-image positions: all images of one source point map to one source position."""
 
-import math
 from typing import Literal
 
 import equinox as eqx
@@ -13,6 +12,7 @@ from .._multiband import MultiBandLensSystem
 from ..lensing import solve_lens_equation
 from ..mass import AbstractMassProfile
 from ._base import AbstractLeastSquaresTerm
+from ._formulas import gaussian_normalisation, threshold_excess
 
 
 def _vector(x: Float[ArrayLike, "..."]) -> Float[Array, "..."]:
@@ -89,7 +89,7 @@ class PositionsTerm(AbstractLeastSquaresTerm):
 
     def constant(self) -> Scalar:
         n = 2 * self.x.shape[0]
-        return n * (jnp.log(self.sigma) + 0.5 * math.log(2 * math.pi))
+        return gaussian_normalisation(n * jnp.log(self.sigma), n)
 
 
 class PositionsThreshold(AbstractLeastSquaresTerm):
@@ -127,12 +127,7 @@ class PositionsThreshold(AbstractLeastSquaresTerm):
     ) -> Float[Array, " n"]:
         mass = model.mass if isinstance(model, LensSystem | MultiBandLensSystem) else model
         bx, by = mass.ray_shoot(self.x, self.y)
-        d2 = (bx - jnp.mean(bx)) ** 2 + (by - jnp.mean(by)) ** 2
-        t2 = self.threshold * self.threshold
-        # zero, with a zero gradient, inside the threshold; a finite gradient everywhere
-        # (the square root only sees values >= threshold^2 > 0)
-        excess = jnp.sqrt(jnp.where(d2 > t2, d2, t2)) - self.threshold
-        return excess / self.sigma
+        return threshold_excess(jnp, bx, by, self.threshold, self.sigma)
 
     def constant(self) -> Scalar:
         return jnp.zeros((), self.sigma.dtype)

@@ -1,6 +1,5 @@
 """Priors on any parameter of a model, selected with a `where` function."""
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +9,7 @@ from jaxtyping import Array, ArrayLike, Float, PyTree, Scalar
 
 from .._custom_types import as_float
 from ._base import AbstractLeastSquaresTerm
+from ._formulas import gaussian_normalisation, log_volume, standardised
 
 
 def _float_array(x: Float[ArrayLike, "..."]) -> Float[Array, "..."]:
@@ -34,11 +34,10 @@ class GaussianPrior(AbstractLeastSquaresTerm):
             raise ValueError("GaussianPrior.sigma must be a scalar or a vector")
 
     def residuals(self, model: PyTree[Any]) -> Float[Array, " n"]:
-        value = self.where(model)
-        return jnp.reshape((value - self.mean) / self.sigma, (-1,))
+        return standardised(jnp, self.where(model), self.mean, self.sigma)
 
     def constant(self) -> Scalar:
-        return jnp.sum(jnp.log(self.sigma) + 0.5 * math.log(2 * math.pi))
+        return gaussian_normalisation(jnp.sum(jnp.log(self.sigma)), self.sigma.size)
 
 
 class UniformPrior(AbstractLeastSquaresTerm):
@@ -59,4 +58,4 @@ class UniformPrior(AbstractLeastSquaresTerm):
         return jnp.reshape(jnp.where(inside, 0.0, jnp.inf).astype(value.dtype), (-1,))
 
     def constant(self) -> Scalar:
-        return jnp.sum(jnp.log(self.upper - self.lower))
+        return log_volume(jnp, self.lower, self.upper)

@@ -1,0 +1,40 @@
+"""The terms' formulas that both backends evaluate, written once for an array namespace
+`xp` (`jax.numpy` in the terms' methods, NumPy in the Numba backend's
+`equilens.numba.value`): a change here changes both, and the parity tests
+(tests/test_numba.py) hold them together.
+"""
+
+import math
+
+
+def gaussian_normalisation(log_sigma_sum, n):
+    """`sum log(sigma sqrt(2 pi))` over `n` Gaussian residuals, from `sum log sigma`."""
+    return log_sigma_sum + 0.5 * math.log(2 * math.pi) * n
+
+
+def poisson_deviance(xp, model, data, background, exposure_time, gammaln):
+    """`sum [lam - c log lam + log Gamma(c + 1)]` with counts `c = (data + background) t`
+    (floored at 0) and `lam = (model + background) t` (floored at the dtype's smallest
+    normal number); `gammaln` is the namespace's log-Gamma."""
+    c = xp.maximum((data + background) * exposure_time, 0.0)
+    lam = xp.maximum((model + background) * exposure_time, xp.finfo(model.dtype).tiny)
+    return xp.sum(lam - c * xp.log(lam) + gammaln(c + 1))
+
+
+def threshold_excess(xp, bx, by, threshold, sigma):
+    """`PositionsThreshold`'s residuals: for images traced to `(bx, by)`, how far beyond
+    `threshold` each lies from their mean, over `sigma` (zero inside, with a zero
+    gradient; the square root only sees values `>= threshold^2 > 0`)."""
+    d2 = (bx - xp.mean(bx)) ** 2 + (by - xp.mean(by)) ** 2
+    t2 = threshold * threshold
+    return (xp.sqrt(xp.where(d2 > t2, d2, t2)) - threshold) / sigma
+
+
+def standardised(xp, value, mean, sigma):
+    """`(value - mean) / sigma`, flattened: a `GaussianPrior`'s residuals."""
+    return xp.reshape((value - mean) / sigma, (-1,))
+
+
+def log_volume(xp, lower, upper):
+    """`sum log(upper - lower)`: a `UniformPrior`'s value inside its box."""
+    return xp.sum(xp.log(upper - lower))
