@@ -95,6 +95,8 @@ def test_many_profiles_at_once_go_through_a_batch():
     # the refusal of an array says where to go, for mass profiles (the only batch)
     with pytest.raises(ValueError, match=r"MassBatch\.stack"):
         mass.SIS(jnp.ones(2))
+    with pytest.raises(ValueError, match=r"MassBatch\.stack"):  # a user's mass profile too
+        _Cored(theta_E=jnp.ones(2), s=0.1)
     with pytest.raises(ValueError, match=r"got shape \(2,\)$"):
         light.Gaussian(1.0, jnp.ones(2))
     batch = mass.MassBatch.stack([mass.SIS(1.0), mass.SIS(0.5, 0.1, 0.2)])

@@ -149,7 +149,9 @@ def check_fields(module: Any) -> None:
         if not eqx.is_inexact_array(value):
             continue
         if f.type is FloatScalar and value.ndim != 0:
-            many = type(module).__module__.startswith("equilens.mass")
+            # (a mass profile, equilens's or a user's: the base class by name, as this
+            # module cannot import `equilens.mass`)
+            many = any(c.__name__ == "AbstractMassProfile" for c in type(module).__mro__)
             raise ValueError(
                 f"{name}.{f.name} must be a scalar, got shape {value.shape}"
                 + (

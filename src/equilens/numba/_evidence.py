@@ -60,7 +60,6 @@ from ..source._geometry import (
     rect_rows,
     triangulate_host,
 )
-from ..source._mesh import CENTRES_MARGIN
 from ..terms import LogEvidence
 from ._api import mass_rows
 from ._image import convolve, linear_images
@@ -200,35 +199,15 @@ def regularization_matrix(
 @register_mesh(RectangularMesh)
 def _rectangular(mesh: RectangularMesh, mass: Any, x: np.ndarray, y: np.ndarray) -> Rectilinear:
     del mass
-    if mesh.bounds is None:
-        x0, x1, y0, y1 = np.min(x), np.max(x), np.min(y), np.max(y)
-        if mesh.nodes == "centres":
-            m = CENTRES_MARGIN
-            x0, x1, y0, y1 = x0 - m, x1 + m, y0 - m, y1 + m
-    else:
-        x0, x1, y0, y1 = mesh.bounds
-    tx, ty = mesh.node_fractions()
-    return Rectilinear(x0 + (x1 - x0) * tx, y0 + (y1 - y0) * ty, True, mesh.nodes == "centres")
+    xs, ys = mesh.node_positions(np, x, y)
+    return Rectilinear(xs, ys, True, mesh.nodes == "centres")
 
 
 @register_mesh(AdaptiveRectangularMesh)
 def _adaptive(mesh: AdaptiveRectangularMesh, mass: Any, x: np.ndarray, y: np.ndarray):
     del mass
-    ny, nx = mesh.shape
-    qx, qy = np.linspace(0.0, 1.0, nx), np.linspace(0.0, 1.0, ny)
-    return Rectilinear(_quantile(x, qx), _quantile(y, qy), False)
-
-
-def _quantile(v: np.ndarray, q: np.ndarray) -> np.ndarray:
-    # jnp.quantile's linear interpolation, in its arithmetic (NumPy's rounds differently)
-    s = np.sort(v)
-    pos = q * (v.size - 1)
-    low = np.floor(pos)
-    high = np.ceil(pos)
-    frac = pos - low
-    lo = s[low.astype(np.int64)]
-    hi = s[high.astype(np.int64)]
-    return lo * (1.0 - frac) + hi * frac
+    xs, ys = mesh.node_positions(np, x, y)
+    return Rectilinear(xs, ys, False)
 
 
 @register_mesh(DelaunayMesh)

@@ -9,6 +9,7 @@ holds a point, the triangulation itself).
 
 import abc
 import math
+from typing import Any
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -53,6 +54,19 @@ NODE_PLACEMENTS = ("corners", "centres")
 #: How far (arcsec) a `RectangularMesh(nodes="centres")` widens the traced pixels' bounding
 #: box on each side, as PyAutoLens's `RectangularUniform` (its `overlay_grid_from` buffer).
 CENTRES_MARGIN = 1e-8
+
+
+def quantile(xp: Any, v: Any, q: Any) -> Any:
+    """The quantiles `q` (in [0, 1]) of `v` by linear interpolation between order
+    statistics (`jnp.quantile`'s "linear" method, in one arithmetic for `xp` = `jax.numpy`
+    or NumPy, whose own quantile rounds differently)."""
+    s = xp.sort(v)
+    pos = q * (v.shape[0] - 1)
+    low = xp.floor(pos)
+    frac = pos - low
+    lo = s[low.astype(int)]
+    hi = s[xp.ceil(pos).astype(int)]
+    return lo * (1.0 - frac) + hi * frac
 
 
 class RectangularMesh(AbstractMesh):
@@ -104,8 +118,16 @@ class RectangularMesh(AbstractMesh):
         self, mass: AbstractMassProfile, x: Float[Array, " m"], y: Float[Array, " m"]
     ) -> RectilinearGeometry:
         del mass
+        xs, ys = self.node_positions(jnp, x, y)
+        return RectilinearGeometry(xs=xs, ys=ys, uniform=True, extrapolate=self.nodes == "centres")
+
+    def node_positions(self, xp: Any, x: Any, y: Any) -> tuple[Any, Any]:
+        """The nodes' x and y (arcsec) for traced positions `x`, `y`: the fixed `bounds`,
+        or the positions' bounding box (widened by `CENTRES_MARGIN` for "centres"), at
+        `node_fractions`; `xp` the array namespace (`jax.numpy`, or NumPy on the Numba
+        backend: one formula for both)."""
         if self.bounds is None:
-            x0, x1, y0, y1 = jnp.min(x), jnp.max(x), jnp.min(y), jnp.max(y)
+            x0, x1, y0, y1 = xp.min(x), xp.max(x), xp.min(y), xp.max(y)
             if self.nodes == "centres":
                 x0, x1, y0, y1 = (
                     x0 - CENTRES_MARGIN,
@@ -114,14 +136,9 @@ class RectangularMesh(AbstractMesh):
                     y1 + CENTRES_MARGIN,
                 )
         else:
-            x0, x1, y0, y1 = (jnp.asarray(b, dtype=x.dtype) for b in self.bounds)
-        tx, ty = (jnp.asarray(t, x.dtype) for t in self.node_fractions())
-        return RectilinearGeometry(
-            xs=x0 + (x1 - x0) * tx,
-            ys=y0 + (y1 - y0) * ty,
-            uniform=True,
-            extrapolate=self.nodes == "centres",
-        )
+            x0, x1, y0, y1 = (xp.asarray(b, dtype=x.dtype) for b in self.bounds)
+        tx, ty = (xp.asarray(t, x.dtype) for t in self.node_fractions())
+        return x0 + (x1 - x0) * tx, y0 + (y1 - y0) * ty
 
     def node_fractions(self) -> tuple[Float[np.ndarray, " nx"], Float[np.ndarray, " ny"]]:
         """Where the nodes sit along the box's x and y, as fractions of its sides."""
@@ -162,10 +179,17 @@ class AdaptiveRectangularMesh(AbstractMesh):
         self, mass: AbstractMassProfile, x: Float[Array, " m"], y: Float[Array, " m"]
     ) -> RectilinearGeometry:
         del mass
+        xs, ys = self.node_positions(jnp, x, y)
+        return RectilinearGeometry(xs=xs, ys=ys)
+
+    def node_positions(self, xp: Any, x: Any, y: Any) -> tuple[Any, Any]:
+        """The nodes' x and y (arcsec): evenly spaced quantiles (0 to 1) of the traced
+        positions `x`, `y` (`quantile`); `xp` the array namespace (`jax.numpy`, or NumPy
+        on the Numba backend)."""
         ny, nx = self.shape
-        qx = jnp.linspace(0.0, 1.0, nx, dtype=x.dtype)
-        qy = jnp.linspace(0.0, 1.0, ny, dtype=y.dtype)
-        return RectilinearGeometry(xs=jnp.quantile(x, qx), ys=jnp.quantile(y, qy))
+        qx = xp.linspace(0.0, 1.0, nx, dtype=x.dtype)
+        qy = xp.linspace(0.0, 1.0, ny, dtype=y.dtype)
+        return quantile(xp, x, qx), quantile(xp, y, qy)
 
     def placeholder(self) -> RectilinearGeometry:
         # (not marked uniform: the same structure as the geometry of a solved model)
