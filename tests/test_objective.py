@@ -304,6 +304,15 @@ def test_priors():
     assert float(u(system)) == pytest.approx(math.log(1.5), rel=1e-5)
     outside = el.UniformPrior(lambda s: s.mass.components[0].theta_E, 1.5, 2.0)
     assert not np.isfinite(float(outside(system)))
+    # a vector parameter: one sigma per element, each normalised (a scalar sigma, which
+    # the normalisation would count once, is refused)
+    both = lambda s: jnp.stack([s.mass.components[0].theta_E, s.source.center_x])
+    v = el.GaussianPrior(both, jnp.asarray([1.2, 0.0]), jnp.asarray([0.1, 0.2]))
+    x0 = float(system.source.center_x)
+    expect2 = expect + 0.5 * (x0 / 0.2) ** 2 + math.log(0.2 * math.sqrt(2 * math.pi))
+    assert float(v(system)) == pytest.approx(expect2, rel=1e-5, abs=1e-5)
+    with pytest.raises(ValueError, match="the parameter has 2 elements but sigma has 1"):
+        el.GaussianPrior(both, 0.0, 0.1)(system)
 
 
 def test_parametrisation_bounds_round_trip_and_errors():

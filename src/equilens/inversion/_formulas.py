@@ -24,11 +24,12 @@ def python_loop(n: int, body: Callable[[int, Any], Any], init: Any) -> Any:
     return carry
 
 
-def jacobi_scaling(xp, a, b) -> tuple[Any, Any, Any]:
+def jacobi_scaling(xp, a, b, degenerate: float = 1.0) -> tuple[Any, Any, Any]:
     """The symmetric Jacobi scaling of `a x = b`: `S a S`, `S b` and `S = diag(a)^(-1/2)`
-    (1 where the diagonal is not positive)."""
+    (`degenerate` where the diagonal is not positive: 1 for the inversion, 0 for the
+    linear light's normal equations, whose empty basis image then gets no amplitude)."""
     d = xp.diagonal(a)
-    scale = xp.where(d > 0, 1.0 / xp.sqrt(xp.where(d > 0, d, 1.0)), 1.0)
+    scale = xp.where(d > 0, 1.0 / xp.sqrt(xp.where(d > 0, d, 1.0)), degenerate)
     return a * scale[:, None] * scale[None, :], b * scale, scale
 
 

@@ -19,6 +19,7 @@ from jaxtyping import Bool, Float, PyTree
 from .._lens_system import LensSystem
 from .._multiband import MultiBandLensSystem
 from ..data import Imaging
+from ..inversion._formulas import jacobi_scaling
 from ..mass import AbstractMassProfile
 from ..objective import Objective
 from ..objective._params import Parametrisation, linear_leaves
@@ -161,11 +162,7 @@ def _solve_amplitudes(
     b = (target if host.all_pixels else target[host.pixels]) * host.inv_noise
     g = a @ a.T
     h = a @ b
-    d = np.diagonal(g)
-    with np.errstate(divide="ignore"):
-        scale = np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 0.0)
-    g = g * scale[:, None] * scale[None, :]
-    h = h * scale
+    g, h, scale = jacobi_scaling(np, g, h, degenerate=0.0)
     if nonnegative:  # (compiled: as NumPy calls, its small solves cost ~2 ms a call)
         from ._solve_kernels import nnls, solve_on
 

@@ -31,7 +31,16 @@ def threshold_excess(xp, bx, by, threshold, sigma):
 
 
 def standardised(xp, value, mean, sigma):
-    """`(value - mean) / sigma`, flattened: a `GaussianPrior`'s residuals."""
+    """`(value - mean) / sigma`, flattened: a `GaussianPrior`'s residuals. A `sigma` of
+    fewer entries than the parameter is refused (a `ValueError`): the prior's
+    normalisation counts `sigma`'s entries, one per element of the parameter."""
+    n, k = math.prod(xp.shape(value)), math.prod(xp.shape(sigma))
+    if k != n:
+        raise ValueError(
+            f"GaussianPrior: the parameter has {n} elements but sigma has {k}: give one "
+            f"sigma per element (e.g. jnp.full({n}, sigma)), which the prior's "
+            "normalisation counts"
+        )
     return xp.reshape((value - mean) / sigma, (-1,))
 
 

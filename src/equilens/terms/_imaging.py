@@ -10,6 +10,7 @@ from jaxtyping import Array, Bool, Float, Int, Scalar
 
 from .._lens_system import LensSystem
 from ..data import Imaging
+from ..inversion._formulas import jacobi_scaling
 from ..source import PixelizedSource
 from ._base import AbstractDataTerm, AbstractLeastSquaresTerm
 from ._formulas import gaussian_normalisation, poisson_deviance
@@ -109,10 +110,7 @@ def solve_amplitudes(
     a = [blk.reshape(blk.shape[0], -1)[:, idx] * w[None, :] for blk in blocks]
     g = jnp.block([[ai @ aj.T for aj in a] for ai in a])
     h = jnp.concatenate([ai @ b for ai in a])
-    d = jnp.diagonal(g)
-    scale = jnp.where(d > 0, 1.0 / jnp.sqrt(jnp.where(d > 0, d, 1.0)), 0.0)
-    g = g * scale[:, None] * scale[None, :]
-    h = h * scale
+    g, h, scale = jacobi_scaling(jnp, g, h, degenerate=0.0)
     # A few-by-few positive-definite system: Cholesky via jax.scipy rather than lineax, whose
     # tangent solves always raise on a singular matrix; here a degenerate basis must become
     # a non-finite objective that the solver's step control rejects, not an exception.

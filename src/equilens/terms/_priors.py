@@ -20,9 +20,10 @@ class GaussianPrior(AbstractLeastSquaresTerm):
     """Normal prior `N(mean, sigma^2)` on the parameter(s) `where(model)` picks, e.g.
     `GaussianPrior(lambda m: m.mass.components[1].gamma1, 0.0, 0.05)`.
 
-    Residuals `(where(model) - mean) / sigma`; constant `sum log(sigma sqrt(2 pi))`.
-    `mean` and `sigma` broadcast to the parameter's shape (a vector parameter gets
-    independent priors per element).
+    Residuals `(where(model) - mean) / sigma`; constant `sum log(sigma sqrt(2 pi))`. A
+    vector parameter gets independent priors per element: `sigma` then has one entry per
+    element (a scalar `sigma` for a vector parameter is refused, as the normalisation
+    would count it once); `mean` broadcasts.
     """
 
     where: Callable[[PyTree[Any]], Float[Array, "..."]] = eqx.field(static=True)
