@@ -71,6 +71,18 @@ MASS_CASES = {
         1e-6,
         None,
     ),
+    "TNFW": (
+        mass.TNFW,
+        "TNFW",
+        lambda r: dict(
+            Rs=(rs := r.uniform(0.1, 2)),
+            alpha_Rs=r.uniform(0.01, 1),
+            r_trunc=rs * 10 ** r.uniform(-0.5, 1.5),
+            **_centre(r),
+        ),
+        1e-8,
+        None,
+    ),
     "PointMass": (
         mass.PointMass,
         "POINT_MASS",

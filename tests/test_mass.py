@@ -42,8 +42,12 @@ def test_deflection_is_gradient_of_potential(name):
     # (compiled: eagerly, every primitive of the derivative is compiled on its own)
     gx, gy = jax.jit(jax.grad(lambda x, y: p.potential(x, y).sum(), argnums=(0, 1)))(x, y)
     ax, ay = eqx.filter_jit(type(p).deflection)(p, x, y)
-    assert rel_err(gx, ax) < TOL
-    assert rel_err(gy, ay) < TOL
+    # (the truncated NFW's closed-form potential is a sum of logarithmic terms about ten
+    # times its gradient, which loses a digit in differentiation: its deflection is the
+    # exact one, checked against mpmath in test_subhalo.py)
+    tol = TOL * (10 if name == "TNFW" else 1)
+    assert rel_err(gx, ax) < tol
+    assert rel_err(gy, ay) < tol
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -13,3 +13,4 @@ from ._simple import (
     Multipole as Multipole,
     PointMass as PointMass,
 )
+from ._subhalo import TNFW as TNFW

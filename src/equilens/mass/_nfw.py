@@ -48,14 +48,25 @@ def _nfw_g_over_x2(X2: GridArray) -> GridArray:
     return jnp.where(small, stable, direct)
 
 
+def _nfw_G(X2: GridArray) -> GridArray:
+    """`G(1 - X^2)` (lenstronomy's `F(X)`) with full relative precision at small `X`, where
+    `atanh(sqrt(1 - X^2))` would lose it: `(ln(1 + su) - ln X) / su`, `su = sqrt(1 - X^2)`."""
+    small = X2 < 0.25
+    X2s = jnp.where(small, X2, 0.1)
+    su = jnp.sqrt(1 - X2s)
+    stable = (jnp.log1p(su) - 0.5 * jnp.log(X2s)) / su
+    return jnp.where(small, stable, atanh_ratio(1 - jnp.where(small, 0.5, X2)))
+
+
 def _nfw_F(X2: GridArray) -> GridArray:
+    """`(1 - G(1 - X^2)) / (X^2 - 1)`: the NFW convergence over `2 rho0 Rs`."""
     u = 1 - X2
     small = jnp.abs(u) < 1e-3
     us = jnp.where(small, jnp.full_like(u, 0.5), u)
     series = jnp.full_like(u, 1.0 / 15.0)
     for k in range(6, 0, -1):  # sum_{k>=1} u^(k-1) / (2k+1)
         series = series * u + 1.0 / (2 * k + 1)
-    return jnp.where(small, series, (atanh_ratio(us) - 1) / us)
+    return jnp.where(small, series, (_nfw_G(jnp.where(small, 0.5, X2)) - 1) / us)
 
 
 class NFW(AbstractMassProfile):

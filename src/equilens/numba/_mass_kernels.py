@@ -300,6 +300,16 @@ def _nfw_g_over_x2(X2):
 
 @numba.njit(**_OPTIONS)
 @no_type_check
+def _nfw_G(X2):
+    """`G(1 - X^2)` with full relative precision at small `X` (as `equilens.mass._nfw`)."""
+    if X2 < 0.25:
+        su = math.sqrt(1 - X2)
+        return (math.log1p(su) - 0.5 * math.log(X2)) / su
+    return atanh_ratio(1 - X2)
+
+
+@numba.njit(**_OPTIONS)
+@no_type_check
 def _nfw_F(X2):
     u = 1 - X2
     if abs(u) < 1e-3:
@@ -307,7 +317,7 @@ def _nfw_F(X2):
         for k in range(6, 0, -1):
             series = series * u + 1.0 / (2 * k + 1)
         return series
-    return (atanh_ratio(u) - 1) / u
+    return (_nfw_G(X2) - 1) / u
 
 
 @numba.njit(**_PARALLEL)
@@ -330,6 +340,100 @@ def nfw(x, y, out, Rs, alpha_Rs, cx, cy, what):
             kbar = amp * _nfw_g_over_x2(X2)
             kappa = 0.5 * amp * _nfw_F(X2)
             out[0, i], out[1, i], out[2, i] = circular_hessian(dx, dy, kbar, kappa)
+
+
+# --------------------------------------------------------------------------------------
+# Truncated NFW (Baltz, Marshall & Oguri 2009), as equilens.mass._subhalo
+# --------------------------------------------------------------------------------------
+
+_LN2 = math.log(2.0)
+
+
+@numba.njit(**_OPTIONS)
+@no_type_check
+def _tnfw_g_over_x2(X2, t):
+    t2 = t * t
+    pre = t2 / ((t2 + 1) * (t2 + 1))
+    if X2 < 0.25:
+        su = math.sqrt(1 - X2)
+        s = math.sqrt(t2 + X2)
+        c = (t2 - 1) / (t * (s + t)) - (t2 - 1) / (su * (1 + su)) - 2 / su
+        d = (
+            math.log1p(-X2 / (2 * (1 + su))) / (su * X2)
+            + _LN2 / (su * (1 + su))
+            - math.log1p(X2 / (2 * t * (s + t))) / X2
+            - math.log(t + s) / (t * (s + t))
+        )
+        small = 0.5 * math.log(X2) * c + (t2 - 1) * d + 2 * math.log1p(su) / su
+        return pre * (small - math.pi / (t + s))
+    s = math.sqrt(t2 + X2)
+    L = 0.5 * math.log(X2) - math.log(t + s)
+    g = (
+        (t2 + 1 + 2 * (X2 - 1)) * atanh_ratio(1 - X2)
+        + math.pi * t
+        + (t2 - 1) * math.log(t)
+        + s * (-math.pi + (t2 - 1) * L / t)
+    )
+    return pre * g / X2
+
+
+@numba.njit(**_OPTIONS)
+@no_type_check
+def _tnfw_F(X2, t):
+    t2 = t * t
+    s = math.sqrt(t2 + X2)
+    L = 0.5 * math.log(X2) - math.log(t + s)
+    inner = (t2 + 1) * _nfw_F(X2) + 2 * _nfw_G(X2) - math.pi / s + (t2 - 1) * L / (t * s)
+    return t2 / ((t2 + 1) * (t2 + 1)) * inner
+
+
+@numba.njit(**_OPTIONS)
+@no_type_check
+def _tnfw_h(X2, t):
+    t2 = t * t
+    s = math.sqrt(t2 + X2)
+    L = 0.5 * math.log(X2) - math.log(t + s)
+    u = 1 - X2
+    G = _nfw_G(X2)
+    ln_t = math.log(t)
+    h = (
+        2 * t2 * math.pi * (t - s + t * math.log(t + s))
+        + 2 * (t2 - 1) * t * s * L
+        + t2 * (t2 - 1) * L * L
+        + 4 * t2 * (X2 - 1) * G
+        - t2 * (t2 - 1) * u * G * G
+        + t2 * ((t2 - 1) * ln_t - t2 - 1) * math.log(X2)
+        - t2
+        * (
+            (t2 - 1) * ln_t * math.log(4 * t)
+            + 2 * math.log(0.5 * t)
+            - 2 * t * (t - math.pi) * math.log(2 * t)
+        )
+    )
+    return h / ((t2 + 1) * (t2 + 1))
+
+
+@numba.njit(**_PARALLEL)
+@no_type_check
+def tnfw(x, y, out, Rs, alpha_Rs, r_trunc, cx, cy, what):
+    amp = alpha_Rs / (Rs * _ONE_PLUS_LN_HALF)
+    t = r_trunc / Rs
+    for i in numba.prange(x.size):
+        dx, dy = x[i] - cx, y[i] - cy
+        X2 = max((dx * dx + dy * dy) / (Rs * Rs), _X_MIN * _X_MIN)
+        if what == 0:
+            a = amp * _tnfw_g_over_x2(X2, t)
+            out[0, i] = a * dx
+            out[1, i] = a * dy
+        elif what == 1:
+            out[0, i] = alpha_Rs * Rs / (2 * _ONE_PLUS_LN_HALF) * _tnfw_h(X2, t)
+        else:
+            # (the radius floored as in the JAX profile: the convergence at the centre)
+            kappa = 0.5 * amp * _tnfw_F(X2, t)
+            gamma = (amp * _tnfw_g_over_x2(X2, t) - kappa) / (X2 * Rs * Rs)
+            out[0, i] = kappa + gamma * (dy * dy - dx * dx)
+            out[1, i] = -2 * gamma * dx * dy
+            out[2, i] = kappa - gamma * (dy * dy - dx * dx)
 
 
 # --------------------------------------------------------------------------------------
