@@ -19,6 +19,7 @@ def example_mass_profiles() -> dict[str, mass.AbstractMassProfile]:
             Rs=1.5, alpha_Rs=0.7, e1=0.1, e2=0.05, center_x=-0.1, center_y=0.05
         ),
         "TNFW": mass.TNFW(Rs=0.4, alpha_Rs=0.15, r_trunc=1.3, center_x=0.2, center_y=-0.1),
+        "PseudoJaffe": mass.PseudoJaffe(sigma0=0.8, Ra=0.05, Rs=0.6, center_x=-0.2, center_y=0.3),
         "PointMass": mass.PointMass(theta_E=0.6, center_x=0.1, center_y=0.1),
         "ExternalShear": mass.ExternalShear(gamma1=0.04, gamma2=-0.02, ra_0=0.1, dec_0=0.0),
         "ConvergenceSheet": mass.ConvergenceSheet(kappa=0.07, ra_0=0.1, dec_0=0.0),

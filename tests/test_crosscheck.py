@@ -83,6 +83,18 @@ MASS_CASES = {
         1e-8,
         None,
     ),
+    "PseudoJaffe": (
+        mass.PseudoJaffe,
+        "PJAFFE",
+        lambda r: dict(
+            sigma0=r.uniform(0.05, 2),
+            Ra=(ra := r.uniform(0.01, 0.5)),
+            Rs=ra * 10 ** r.uniform(0.05, 2),
+            **_centre(r),
+        ),
+        1e-8,
+        None,
+    ),
     "PointMass": (
         mass.PointMass,
         "POINT_MASS",

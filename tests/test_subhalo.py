@@ -1,6 +1,9 @@
 """Subhalo profiles against independent references: the truncated NFW's closed forms
 against a 50-digit evaluation (mpmath), its limits (the NFW for a far truncation, a finite
-total mass), and finite derivatives at the centre and at the truncation radius."""
+total mass), and finite derivatives at the centre and at the truncation radius; the
+pseudo-Jaffe's symmetry in its radii, its smoothness at Ra = Rs and at the centre, its
+central convergence and total mass (the lenstronomy comparisons are in
+test_crosscheck.py)."""
 
 import math
 
@@ -126,3 +129,54 @@ def test_tnfw_values_are_checked_where_they_enter():
     zero = mass.TNFW(Rs=0.3, alpha_Rs=0.0, r_trunc=1.0)
     assert float(jnp.max(jnp.abs(zero.deflection(jnp.ones(3), jnp.ones(3))[0]))) == 0.0
     assert np.isfinite(default_eps())
+
+
+def test_pseudo_jaffe_is_symmetric_smooth_at_ra_equal_rs_and_has_its_total_mass():
+    x = jnp.asarray([0.0, 0.01, 0.3, 2.0, -5.0])
+    y = jnp.asarray([0.0, 0.0, 0.1, -1.0, 3.0])
+    p = mass.PseudoJaffe(sigma0=0.7, Ra=0.1, Rs=0.8, center_x=0.0, center_y=0.0)
+    swapped = mass.PseudoJaffe(sigma0=0.7, Ra=0.8, Rs=0.1, center_x=0.0, center_y=0.0)
+    for fn in ("deflection", "potential", "convergence", "hessian"):
+        a, b = getattr(p, fn)(x, y), getattr(swapped, fn)(x, y)
+        for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+            assert rel_err(u, v) < 1e3 * default_eps(), fn
+    # the central convergence is sigma0; the total mass 2 pi sigma0 Ra Rs (alpha R -> M/pi)
+    assert float(p.convergence(jnp.zeros(()), jnp.zeros(()))) == pytest.approx(0.7, rel=1e-6)
+    far = jnp.asarray(1e4 if X64 else 1e2)
+    alpha_r = float(p.deflection(far, jnp.zeros(()))[0] * far)
+    # (the mass outside R falls as Rs / R)
+    assert alpha_r == pytest.approx(2 * 0.7 * 0.1 * 0.8, rel=2 * 0.8 / float(far))
+    # Ra = Rs has no division by Rs - Ra: continuous with its neighbours
+    equal = mass.PseudoJaffe(sigma0=0.7, Ra=0.3, Rs=0.3)
+    near = mass.PseudoJaffe(sigma0=0.7, Ra=0.3, Rs=0.3 * (1 + 1e-6))
+    for fn in ("deflection", "potential", "convergence", "hessian"):
+        a, b = getattr(equal, fn)(x, y), getattr(near, fn)(x, y)
+        for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+            assert bool(jnp.all(jnp.isfinite(u))), fn
+            assert rel_err(u, v) < (1e-5 if X64 else 1e-3), fn
+
+
+@pytest.mark.parametrize("Rs", [0.3, 0.6])
+def test_pseudo_jaffe_derivatives_are_finite_at_the_centre_and_match_the_jacobian(Rs):
+    p = mass.PseudoJaffe(sigma0=0.5, Ra=0.3, Rs=Rs, center_x=0.1, center_y=-0.2)
+    x0, y0 = jnp.asarray(0.1), jnp.asarray(-0.2)
+
+    def total(profile, x, y):
+        ax, ay = profile.deflection(x, y)
+        return ax + ay + profile.potential(x, y) + profile.convergence(x, y)
+
+    grads = jax.grad(total, argnums=(0, 1, 2))(p, x0, y0)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+    # the analytic Hessian at the centre (a divided difference of the radii, written
+    # out) against forward-mode derivatives of the deflection
+    jac = jax.jacfwd(lambda v: jnp.stack(p.deflection(v[0], v[1])))(jnp.stack([x0, y0]))
+    f_xx, f_xy, _, f_yy = p.hessian(x0, y0)
+    got = jnp.asarray([[f_xx, f_xy], [f_xy, f_yy]])
+    assert rel_err(got, jac) < 1e2 * default_eps()
+
+
+def test_pseudo_jaffe_values_are_checked_where_they_enter():
+    with pytest.raises(ValueError, match=r"PseudoJaffe\.Ra must be finite and in \(0, inf\)"):
+        mass.PseudoJaffe(sigma0=0.5, Ra=0.0, Rs=1.0)
+    with pytest.raises(ValueError, match=r"PseudoJaffe\.sigma0 must be finite and in \[0, inf\)"):
+        mass.PseudoJaffe(sigma0=-0.5, Ra=0.1, Rs=1.0)

@@ -13,4 +13,4 @@ from ._simple import (
     Multipole as Multipole,
     PointMass as PointMass,
 )
-from ._subhalo import TNFW as TNFW
+from ._subhalo import TNFW as TNFW, PseudoJaffe as PseudoJaffe

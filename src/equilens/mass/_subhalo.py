@@ -1,4 +1,5 @@
-"""Subhalo profiles: the truncated NFW (Baltz, Marshall & Oguri 2009).
+"""Subhalo profiles: the truncated NFW (Baltz, Marshall & Oguri 2009) and the pseudo-Jaffe
+(dual pseudo-isothermal) sphere (Eliasdottir et al. 2007, as Vegetti et al. 2010).
 
 Parametrisation as lenstronomy (`TNFW`): scale radius `Rs`, `alpha_Rs` (the deflection at
 `Rs` of the untruncated NFW of the same density normalisation) and truncation radius
@@ -157,4 +158,100 @@ class TNFW(AbstractMassProfile):
         f_xx = kappa + gamma * (dy * dy - dx * dx)
         f_xy = -2 * gamma * dx * dy
         f_yy = kappa - gamma * (dy * dy - dx * dx)
+        return f_xx, f_xy, f_xy, f_yy
+
+
+def _pseudo_jaffe_terms(r2: GridArray, a: FloatScalar, b: FloatScalar) -> tuple:
+    """`(sa, sb, d1)` with `sa = sqrt(a^2 + R^2)`, `sb = sqrt(b^2 + R^2)` and
+    `d1 = (sb - sa) / (b - a) = (a + b) / (sa + sb)` (no division by `b - a`)."""
+    sa, sb = jnp.sqrt(a * a + r2), jnp.sqrt(b * b + r2)
+    return sa, sb, (a + b) / (sa + sb)
+
+
+def _log1p_ratio(z: GridArray) -> GridArray:
+    """`log1p(z) / z`, 1 at `z = 0` (a series below 1e-4)."""
+    small = jnp.abs(z) < 1e-4
+    zs = jnp.where(small, 1.0, z)
+    return jnp.where(small, 1 - z / 2 + z * z / 3, jnp.log1p(zs) / zs)
+
+
+class PseudoJaffe(AbstractMassProfile):
+    """Pseudo-Jaffe sphere (lenstronomy `PJAFFE`; the dual pseudo-isothermal profile of
+    Eliasdottir et al. 2007, the subhalo profile of Vegetti et al. 2010): 3D density
+    `rho0 / ((1 + r^2/Ra^2) (1 + r^2/Rs^2))`, projected
+
+        kappa = sigma0 Ra Rs / (Rs - Ra) (1/sqrt(Ra^2 + R^2) - 1/sqrt(Rs^2 + R^2)),
+        alpha_R = 2 sigma0 Ra Rs / (Rs - Ra) (R/(Ra + sqrt(Ra^2+R^2)) - R/(Rs + sqrt(Rs^2+R^2))),
+        psi = -2 sigma0 Ra Rs / (Rs - Ra) (sqrt(Rs^2+R^2) - sqrt(Ra^2+R^2)
+              + Ra ln(Ra + sqrt(Ra^2+R^2)) - Rs ln(Rs + sqrt(Rs^2+R^2))),
+
+    so `sigma0` is the central convergence and the total mass `2 pi sigma0 Ra Rs`
+    (Sigma_crit arcsec^2). Symmetric in `Ra` and `Rs` (lenstronomy sorts them so that
+    `Ra < Rs`, the core and the truncation radius); every divided difference in them is
+    written without the division by `Rs - Ra`, so `Ra = Rs` is exact and smooth. Smooth
+    at the centre (no floor): `kappa(0) = sigma0`.
+
+    **Arguments:** `sigma0` (central convergence), `Ra`, `Rs` (arcsec), `center_x`,
+    `center_y` (arcsec). Analytic Hessian.
+    """
+
+    sigma0: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=NON_NEGATIVE, bounds=(0.0, math.inf))
+    )
+    Ra: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=POSITIVE, bounds=(0.0, math.inf))
+    )
+    Rs: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=POSITIVE, bounds=(0.0, math.inf))
+    )
+    center_x: FloatScalar = eqx.field(converter=as_float, default=0.0)
+    center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
+
+    def _mean_kappa(self, r2: GridArray) -> GridArray:
+        # alpha_R / R = 2 sigma0 a b (1 + d1) / ((a + sa) (b + sb))
+        a, b = self.Ra, self.Rs
+        sa, sb, d1 = _pseudo_jaffe_terms(r2, a, b)
+        return 2 * self.sigma0 * a * b * (1 + d1) / ((a + sa) * (b + sb))
+
+    def deflection(self, x: GridArray, y: GridArray) -> Deflection:
+        dx, dy = x - self.center_x, y - self.center_y
+        k = self._mean_kappa(dx * dx + dy * dy)
+        return k * dx, k * dy
+
+    def potential(self, x: GridArray, y: GridArray) -> GridArray:
+        dx, dy = x - self.center_x, y - self.center_y
+        a, b = self.Ra, self.Rs
+        sa, sb, d1 = _pseudo_jaffe_terms(dx * dx + dy * dy, a, b)
+        # (a ln(a + sa) - b ln(b + sb)) / (b - a) = -a w log1p(z)/z - ln(b + sb), with
+        # w = (1 + d1) / (a + sa) and z = (b - a) w
+        w = (1 + d1) / (a + sa)
+        bracket = d1 - a * w * _log1p_ratio((b - a) * w) - jnp.log(b + sb)
+        return -2 * self.sigma0 * a * b * bracket
+
+    def convergence(self, x: GridArray, y: GridArray) -> GridArray:
+        dx, dy = x - self.center_x, y - self.center_y
+        a, b = self.Ra, self.Rs
+        sa, sb, d1 = _pseudo_jaffe_terms(dx * dx + dy * dy, a, b)
+        return self.sigma0 * a * b * d1 / (sa * sb)
+
+    def hessian(self, x: GridArray, y: GridArray) -> Hessian:
+        # psi_xx = kappa + (gamma / R^2) (dy^2 - dx^2), psi_xy = -2 (gamma / R^2) dx dy, with
+        # gamma / R^2 = -d(mean kappa)/d(R^2) = sigma0 a b (1/u_a - 1/u_b) / (b - a),
+        # u = s (c + s)^2, the divided difference written out (finite at R = 0)
+        dx, dy = x - self.center_x, y - self.center_y
+        a, b = self.Ra, self.Rs
+        sa, sb, d1 = _pseudo_jaffe_terms(dx * dx + dy * dy, a, b)
+        du = (
+            b * b * d1
+            + sa * (a + b)
+            + 2 * b * (a + b)
+            + 2 * sa * sa
+            + d1 * (sb * sb + sa * sb + sa * sa)
+        )
+        u_a, u_b = sa * (a + sa) ** 2, sb * (b + sb) ** 2
+        g = self.sigma0 * a * b * du / (u_a * u_b)
+        kappa = self.sigma0 * a * b * d1 / (sa * sb)
+        f_xx = kappa + g * (dy * dy - dx * dx)
+        f_xy = -2 * g * dx * dy
+        f_yy = kappa - g * (dy * dy - dx * dx)
         return f_xx, f_xy, f_xy, f_yy

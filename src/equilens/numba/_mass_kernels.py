@@ -437,6 +437,43 @@ def tnfw(x, y, out, Rs, alpha_Rs, r_trunc, cx, cy, what):
 
 
 # --------------------------------------------------------------------------------------
+# Pseudo-Jaffe sphere, as equilens.mass._subhalo (divided differences written out)
+# --------------------------------------------------------------------------------------
+
+
+@numba.njit(**_PARALLEL)
+@no_type_check
+def pseudo_jaffe(x, y, out, sigma0, a, b, cx, cy, what):
+    for i in numba.prange(x.size):
+        dx, dy = x[i] - cx, y[i] - cy
+        r2 = dx * dx + dy * dy
+        sa, sb = math.sqrt(a * a + r2), math.sqrt(b * b + r2)
+        d1 = (a + b) / (sa + sb)
+        if what == 0:
+            k = 2 * sigma0 * a * b * (1 + d1) / ((a + sa) * (b + sb))
+            out[0, i] = k * dx
+            out[1, i] = k * dy
+        elif what == 1:
+            w = (1 + d1) / (a + sa)
+            z = (b - a) * w
+            ratio = 1 - z / 2 + z * z / 3 if abs(z) < 1e-4 else math.log1p(z) / z
+            out[0, i] = -2 * sigma0 * a * b * (d1 - a * w * ratio - math.log(b + sb))
+        else:
+            du = (
+                b * b * d1
+                + sa * (a + b)
+                + 2 * b * (a + b)
+                + 2 * sa * sa
+                + d1 * (sb * sb + sa * sb + sa * sa)
+            )
+            g = sigma0 * a * b * du / (sa * (a + sa) ** 2 * sb * (b + sb) ** 2)
+            kappa = sigma0 * a * b * d1 / (sa * sb)
+            out[0, i] = kappa + g * (dy * dy - dx * dx)
+            out[1, i] = -2 * g * dx * dy
+            out[2, i] = kappa - g * (dy * dy - dx * dx)
+
+
+# --------------------------------------------------------------------------------------
 # Elliptical NFW: a sum of cored steep ellipsoids (Oguri 2021)
 # --------------------------------------------------------------------------------------
 
