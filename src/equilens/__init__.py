@@ -7,6 +7,7 @@ normalisations for shared profiles.
 """
 
 from . import (
+    cosmology as cosmology,
     data as data,
     inversion as inversion,
     lensing as lensing,
@@ -40,6 +41,7 @@ from ._math import (
 from ._multiband import MultiBandLensSystem as MultiBandLensSystem
 from ._resources import ResourceLimitWarning as ResourceLimitWarning
 from ._sharding import device_mesh as device_mesh, shard as shard
+from .cosmology import LensCosmology as LensCosmology
 from .data import (
     DataWarning as DataWarning,
     Imaging as Imaging,
