@@ -32,6 +32,13 @@ def _x_min(dtype) -> float:
     return 10 * float(np.sqrt(np.finfo(dtype).eps))
 
 
+def floored_x2(dx: GridArray, dy: GridArray, Rs: FloatScalar) -> GridArray:
+    """`X^2 = (dx^2 + dy^2) / Rs^2`, floored at `X = 10 sqrt(eps)` (the NFW family's
+    expressions lose all precision below it)."""
+    x_min = _x_min(jnp.result_type(dx))
+    return jnp.maximum((dx * dx + dy * dy) / (Rs * Rs), x_min * x_min)
+
+
 def _nfw_g_over_x2(X2: GridArray) -> GridArray:
     """g(X) / X^2 with g(X) = ln(X/2) + G(1 - X^2)."""
     u = 1 - X2
@@ -87,8 +94,7 @@ class NFW(AbstractMassProfile):
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 
     def _X2(self, dx: GridArray, dy: GridArray) -> GridArray:
-        x_min = _x_min(jnp.result_type(dx))
-        return jnp.maximum((dx * dx + dy * dy) / (self.Rs * self.Rs), x_min * x_min)
+        return floored_x2(dx, dy, self.Rs)
 
     def deflection(self, x: GridArray, y: GridArray) -> Deflection:
         dx, dy = x - self.center_x, y - self.center_y

@@ -29,7 +29,7 @@ from .._checks import NON_NEGATIVE, POSITIVE, describe
 from .._custom_types import FloatScalar, GridArray, as_float
 from .._math import atanh_ratio
 from ._base import AbstractMassProfile, Deflection, Hessian
-from ._nfw import _ONE_PLUS_LN_HALF, _nfw_F, _nfw_G, _x_min
+from ._nfw import _ONE_PLUS_LN_HALF, _nfw_F, _nfw_G, floored_x2
 
 _LN2 = math.log(2.0)
 
@@ -124,8 +124,7 @@ class TNFW(AbstractMassProfile):
     center_y: FloatScalar = eqx.field(converter=as_float, default=0.0)
 
     def _X2(self, dx: GridArray, dy: GridArray) -> GridArray:
-        x_min = _x_min(jnp.result_type(dx))
-        return jnp.maximum((dx * dx + dy * dy) / (self.Rs * self.Rs), x_min * x_min)
+        return floored_x2(dx, dy, self.Rs)
 
     def deflection(self, x: GridArray, y: GridArray) -> Deflection:
         dx, dy = x - self.center_x, y - self.center_y
