@@ -20,6 +20,7 @@ def _cosmologies():
     return [Planck18, FlatLambdaCDM(H0=70.0, Om0=0.3)]
 
 
+@pytest.mark.crosscheck
 @pytest.mark.x64_only
 @pytest.mark.parametrize("which", [0, 1])
 def test_sigma_crit_and_nfw_parameters_match_lenstronomy(which):

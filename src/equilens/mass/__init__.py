@@ -5,6 +5,7 @@ from ._base import (
     MassBatch as MassBatch,
     MassSum as MassSum,
 )
+from ._multiplane import MultiPlane as MultiPlane
 from ._nfw import NFW as NFW, EllipticalNFW as EllipticalNFW
 from ._power_law import EPL as EPL, SIE as SIE, SIS as SIS
 from ._simple import (

@@ -12,6 +12,7 @@ from ..source._geometry import EDGE_SLACK, barycentric_weights, locate_host
 from . import _light_kernels as lk, _mass_kernels as mk
 from ._registry import (
     _ROWS,
+    DEFLECTION,
     _writable,
     batch_members,
     kernel_intensity,
@@ -85,6 +86,32 @@ def _mass_batch(profile, x, y, what):
     if not members:
         return np.zeros((_ROWS[what], x.size))
     return functools.reduce(np.add, [kernel_rows(p, x, y, what) for p in members])
+
+
+@register_mass(ms.MultiPlane)
+def _multi_plane(profile, x, y, what):
+    # (the planes' recursion in NumPy, each plane's profiles by their kernels; the module
+    # docstring of equilens.mass._multiplane has the equations)
+    if what != DEFLECTION:
+        raise NotImplementedError(
+            "the Numba backend evaluates a MultiPlane's deflection only: it has no lensing "
+            "potential, and its Jacobian is not symmetric (the backend's Hessian rows are); "
+            "use the JAX methods"
+        )
+    px, py = np.zeros_like(x), np.zeros_like(y)
+    ax, ay = x.copy(), y.copy()
+    planes = profile.components()
+    for (_, members), dt, t_i, f in zip(
+        planes, profile.steps, profile.to_observer, profile.factors, strict=True
+    ):
+        px, py = px + ax * dt, py + ay * dt
+        xs, ys = px / t_i, py / t_i
+        d = np.zeros((2, x.size))
+        for m in members:
+            d += kernel_rows(m, xs, ys, DEFLECTION)
+        ax, ay = ax - f * d[0], ay - f * d[1]
+    px, py = px + ax * profile.last_step, py + ay * profile.last_step
+    return np.stack([x - px / profile.to_source, y - py / profile.to_source])
 
 
 # (each kernel takes the class's scalar parameters but the amplitude in the order the
