@@ -103,8 +103,8 @@ def slow(session: nox.Session) -> None:
     runs each in its own process), shared out over the pytest-xdist workers. Installs
     lenstronomy (one lens of the lenstronomy-simulated validation suite is fitted end to
     end) and the sampling extra (the samplers' lens-sized tests, the nested-sampling and
-    model-comparison examples)."""
-    session.install("-e", ".[test,crosscheck,sampling]")
+    model-comparison examples) and the substructure extra (the population example)."""
+    session.install("-e", ".[test,crosscheck,sampling,substructure]")
     _pytest(session, "slow", "3.11", "float64", whole_fits=True)
 
 
@@ -166,7 +166,7 @@ def numba_boundscheck(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def crosscheck(session: nox.Session) -> None:
     """Agreement with lenstronomy over random parameter draws (prints the worst errors)."""
-    session.install("-e", ".[test,crosscheck]")
+    session.install("-e", ".[test,crosscheck,substructure]")
     # the whole fits of lenstronomy-simulated lenses are `slow` too: the slow session runs them
     session.run(
         "pytest",

@@ -18,6 +18,7 @@ from . import (
     regularization as regularization,
     solve as solve,
     source as source,
+    substructure as substructure,
     terms as terms,
 )
 from ._cache import (
