@@ -229,5 +229,6 @@ def bench(session: nox.Session) -> None:
         "benchmarks/bench_multiband.py",
         "benchmarks/bench_sharding.py",
         "benchmarks/bench_sampling.py",
+        "benchmarks/bench_multiplane.py",
     ):
         session.run("python", script, *session.posargs)

@@ -14,7 +14,7 @@ import equilens as el
 import equilens.numba as enb
 from equilens import light, mass
 from equilens.mass import MultiPlane
-from equilens.mass._multiplane import CHUNK, _transverse
+from equilens.mass._multiplane import _transverse
 
 X64 = jax.config.read("jax_enable_x64")
 
@@ -117,14 +117,15 @@ def _halos(n: int, seed: int, zs=(0.2, 0.5, 0.9)):
 
 
 def test_the_scan_over_planes_equals_a_loop_and_the_numba_backend():
-    # more halos of one class on one plane than CHUNK: the chunked scan and its padding
+    # more halos of one class on one plane than a chunk: the chunked scan and its padding
     sie = mass.SIE(theta_E=1.0, e1=0.05, e2=0.02) + mass.ExternalShear(0.02, 0.01)
-    many, z_many = _halos(2 * CHUNK + 7, seed=1, zs=(0.9,))
+    chunk = 8
+    many, z_many = _halos(2 * chunk + 7, seed=1, zs=(0.9,))
     few, z_few = _halos(5, seed=6, zs=(0.2, 0.5))
     halos = many + few
     comps, redshifts = [sie, *halos], [0.5, *z_many, *z_few]
-    lens = MultiPlane(comps, redshifts, 1.5)
-    assert max(p.shape[1] for p in lens.present) == 3 * CHUNK  # padded to whole chunks
+    lens = MultiPlane(comps, redshifts, 1.5, chunk=chunk)
+    assert max(p.shape[1] for p in lens.present) == 3 * chunk  # padded to whole chunks
     assert sum(int(np.sum(p)) for p in lens.present) == len(halos) + 2
     x, y = np.meshgrid(np.linspace(-2, 2, 23), np.linspace(-1.8, 2.1, 19))
     x, y = jnp.asarray(x), jnp.asarray(y)
@@ -212,6 +213,33 @@ def test_stacked_realisations_vmap_as_each_alone():
         tol = 1e-13 if X64 else 1e-5
         assert float(jnp.max(jnp.abs(bx[i] - rx))) < tol
         assert float(jnp.max(jnp.abs(by[i] - ry))) < tol
+    # simulated in one call: each entry as `simulate` of that lens with its own key
+    grid, psf = el.Grid((24, 24), 0.12), el.GaussianPSF(0.25, 0.12)
+    src = light.Sersic(amp=10.0, R_sersic=0.2, n_sersic=1.5, center_x=0.05)
+
+    def system(m):
+        return el.LensSystem(mass=m, source=src)
+
+    data, noise = el.simulate_batch(
+        jax.random.key(1), system, batch, grid, psf, exposure_time=500.0, sky_level=1.0,
+        batch_size=2,
+    )  # fmt: skip
+    assert data.shape == noise.shape == (3, 24, 24)
+    keys = jax.random.split(jax.random.key(1), 3)
+    for i, lens in enumerate(lenses):
+        one = el.simulate(keys[i], system(lens), grid, psf, exposure_time=500.0, sky_level=1.0)
+        tol = 1e-10 if X64 else 1e-4
+        assert float(jnp.max(jnp.abs(data[i] - one.data))) < tol * float(jnp.max(one.data))
+        assert float(jnp.max(jnp.abs(noise[i] - one.noise_map))) < tol * float(
+            jnp.max(one.noise_map)
+        )
+    with pytest.raises(ValueError, match="leading axis"):
+        el.simulate_batch(
+            jax.random.key(1), system, (jnp.zeros(3), jnp.zeros(4)), grid, psf,
+            exposure_time=1.0,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="exposure_time"):
+        el.simulate_batch(jax.random.key(1), system, batch, grid, psf, exposure_time=0.0)
     other = MultiPlane([sie], [0.4], 1.5)
     with pytest.raises(ValueError, match="same planes"):
         MultiPlane.stack([lenses[0], other])

@@ -48,6 +48,7 @@ from .data import (
     Imaging as Imaging,
     MultiBandImaging as MultiBandImaging,
     simulate as simulate,
+    simulate_batch as simulate_batch,
 )
 from .objective import Objective as Objective, select as select
 from .psf import GaussianPSF as GaussianPSF, PixelPSF as PixelPSF

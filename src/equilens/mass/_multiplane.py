@@ -31,9 +31,13 @@ from jaxtyping import Array, Bool, Int
 from .._custom_types import GridArray
 from ._base import AbstractMassProfile, Deflection, MassBatch, MassSum
 
-#: Components of one class on one plane evaluated together (a vmap); more are a scan over
-#: chunks of this many, so that memory stays `CHUNK` images per class.
-CHUNK = 32
+
+def default_chunk() -> int:
+    """Components of one class on one plane evaluated together (one vmap); more are a scan
+    over chunks of this many, so that memory stays `chunk` images per class: 4 on CPUs,
+    where XLA's elementwise code is memory-bound and small chunks measured fastest (1,000
+    halos, 200x200 points: 1.2 s at 4 against 2.6 s at 32), 32 on accelerators."""
+    return 4 if jax.default_backend() == "cpu" else 32
 
 
 def _transverse(cosmology: Any, z1: float, z2: float) -> float:
@@ -64,8 +68,8 @@ def _members(component: AbstractMassProfile) -> list[AbstractMassProfile]:
     return [component]
 
 
-def _slots(n: int) -> int:
-    return n if n <= CHUNK else -(-n // CHUNK) * CHUNK
+def _slots(n: int, chunk: int) -> int:
+    return n if n <= chunk else -(-n // chunk) * chunk
 
 
 def _kind_key(profile: Any) -> tuple[str, str]:
@@ -89,7 +93,9 @@ def _stack_kind(per_plane: list[list[Any]], n_slots: int) -> tuple[Any, np.ndarr
     return jax.tree.unflatten(treedef, stacked), index, present
 
 
-def _kind_deflection(kind: Any, present: Bool[Array, " slots"], x: GridArray, y: GridArray):
+def _kind_deflection(
+    kind: Any, present: Bool[Array, " slots"], x: GridArray, y: GridArray, size: int
+):
     """The summed deflection of one class's members on one plane."""
 
     def one(profile, on, x, y):
@@ -102,11 +108,11 @@ def _kind_deflection(kind: Any, present: Bool[Array, " slots"], x: GridArray, y:
 
     def evaluate():
         n = present.shape[0]
-        if n <= CHUNK:
+        if n <= size:
             ax, ay = chunk(kind, present)
             return ax.astype(x.dtype), ay.astype(y.dtype)
         arrays, static = eqx.partition(kind, eqx.is_array)
-        split = jax.tree.map(lambda a: a.reshape(n // CHUNK, CHUNK, *a.shape[1:]), arrays)
+        split = jax.tree.map(lambda a: a.reshape(n // size, size, *a.shape[1:]), arrays)
 
         def step(total, xs):
             part, on = xs
@@ -114,7 +120,7 @@ def _kind_deflection(kind: Any, present: Bool[Array, " slots"], x: GridArray, y:
             return (total[0] + ax.astype(x.dtype), total[1] + ay.astype(y.dtype)), None
 
         zero = jnp.zeros_like(x)
-        total, _ = jax.lax.scan(step, (zero, zero), (split, present.reshape(-1, CHUNK)))
+        total, _ = jax.lax.scan(step, (zero, zero), (split, present.reshape(-1, size)))
         return total
 
     # (a plane without members of this class costs nothing, but under vmap, where the
@@ -133,6 +139,8 @@ class MultiPlane(AbstractMassProfile):
     - `redshifts`: one per component; components at equal redshifts share a plane.
     - `z_source`: the source redshift, above every plane.
     - `cosmology`: an astropy cosmology (`astropy.cosmology.Planck18` by default).
+    - `chunk`: components of one class on one plane evaluated together (`default_chunk()`:
+      4 on CPUs, 32 on accelerators).
 
     `deflection(x, y)` is `theta - beta(theta)`; `trace(x, y)` is `beta`; `hessian` and
     `convergence` are those of the effective lens mapping (forward-mode derivatives;
@@ -149,6 +157,7 @@ class MultiPlane(AbstractMassProfile):
     factors: tuple[float, ...] = eqx.field(static=True)
     last_step: float = eqx.field(static=True)
     to_source: float = eqx.field(static=True)
+    chunk: int = eqx.field(static=True)
 
     def __init__(
         self,
@@ -156,7 +165,11 @@ class MultiPlane(AbstractMassProfile):
         redshifts: Sequence[float],
         z_source: float,
         cosmology: Any = None,
+        chunk: int | None = None,
     ):
+        chunk = default_chunk() if chunk is None else int(chunk)
+        if chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {chunk}")
         if len(components) == 0 or len(components) != len(redshifts):
             raise ValueError(
                 f"MultiPlane needs one redshift per component, got {len(components)} "
@@ -176,7 +189,7 @@ class MultiPlane(AbstractMassProfile):
         kinds, index, present = [], [], []
         for key in keys:
             per_plane = [[m for m in plane if _kind_key(m) == key] for plane in members]
-            kind, idx, mask = _stack_kind(per_plane, _slots(max(len(p) for p in per_plane)))
+            kind, idx, mask = _stack_kind(per_plane, _slots(max(map(len, per_plane)), chunk))
             kinds.append(kind)
             index.append(jnp.asarray(idx))
             present.append(jnp.asarray(mask))
@@ -194,6 +207,7 @@ class MultiPlane(AbstractMassProfile):
         self.factors = tuple(t_s / _transverse(cosmology, z, z_source) for z in unique)
         self.last_step = _transverse(cosmology, unique[-1], z_source)
         self.to_source = t_s
+        self.chunk = chunk
 
     def trace(self, x: GridArray, y: GridArray) -> tuple[GridArray, GridArray]:
         """The source-plane position `beta` (arcsec) of the rays seen at `(x, y)`."""
@@ -213,7 +227,7 @@ class MultiPlane(AbstractMassProfile):
             px, py = px + ax * dt, py + ay * dt
             dx, dy = jnp.zeros_like(px), jnp.zeros_like(py)
             for kind, on in zip(eqx.combine(kind_arrays, static), present, strict=True):
-                kx, ky = _kind_deflection(kind, on, px / t_i, py / t_i)
+                kx, ky = _kind_deflection(kind, on, px / t_i, py / t_i, self.chunk)
                 dx, dy = dx + kx, dy + ky
             return (px, py, ax - f * dx, ay - f * dy), None
 
@@ -261,11 +275,12 @@ class MultiPlane(AbstractMassProfile):
             return [_kind_key(jax.tree.map(lambda a: a[0], k)) for k in lens.kinds]
 
         for lens in lenses[1:]:
-            if (lens.plane_redshifts, lens.steps, lens.factors, lens.z_source) != (
+            if (lens.plane_redshifts, lens.steps, lens.factors, lens.z_source, lens.chunk) != (
                 first.plane_redshifts,
                 first.steps,
                 first.factors,
                 first.z_source,
+                first.chunk,
             ):
                 raise ValueError("MultiPlane.stack needs lenses with the same planes")
             if keys(lens) != keys(first):
@@ -279,7 +294,7 @@ class MultiPlane(AbstractMassProfile):
         kinds, index, present = [], [], []
         for i in range(len(first.kinds)):
             n_members = max(int(jax.tree.leaves(lens.kinds[i])[0].shape[0]) for lens in lenses)
-            n_slots = _slots(max(int(lens.present[i].shape[1]) for lens in lenses))
+            n_slots = _slots(max(int(lens.present[i].shape[1]) for lens in lenses), first.chunk)
             kinds.append(
                 jax.tree.map(
                     lambda *a, n=n_members: jnp.stack([pad(b, n, 0) for b in a]),
