@@ -12,11 +12,14 @@ the effective deflection `theta - beta`, so a `MultiPlane` is a mass profile lik
 (images, fits, pixelized sources, sampling). It has no lensing potential: the effective
 deflection is not a gradient in general (its Jacobian is not symmetric).
 
-The planes are one `jax.lax.scan`: the components of each class (and static fields) are
-stacked, one array of shape `(members,)` per parameter (so that every parameter is a leaf
-that `jax.grad` differentiates and a fit can free, and none is padding), and gathered by an
-integer table of shape `(planes, slots)` into the planes, the empty slots switched off by a
-boolean mask. A thousand halos compile once.
+The rays are traced by one `jax.lax.scan` over steps: the components of each class (and
+static fields) are stacked, one array per parameter of shape `(members,)` (so that every
+parameter is a leaf that `jax.grad` differentiates and a fit can free, and none is
+padding); each step evaluates up to `chunk` members of each class on one plane (one vmap,
+gathered by an integer table, empty slots masked, a class with none on the step skipped),
+and a plane takes as many steps as its most populous class needs, the first of them moving
+the rays to the plane. A thousand halos compile once, and a plane with one halo costs one
+halo, however many another plane holds.
 """
 
 from collections.abc import Sequence
@@ -68,64 +71,79 @@ def _members(component: AbstractMassProfile) -> list[AbstractMassProfile]:
     return [component]
 
 
-def _slots(n: int, chunk: int) -> int:
-    return n if n <= chunk else -(-n // chunk) * chunk
+class _Cosmology:
+    """An astropy cosmology held by a static field: equal (and hashed) by its `repr`, which
+    lists every parameter, so that equal cosmologies built apart compile once."""
+
+    def __init__(self, value: Any):
+        self.value = value
+        self._key = repr(value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Cosmology) and other._key == self._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
 
 
 def _kind_key(profile: Any) -> tuple[str, str]:
     return type(profile).__name__, str(jax.tree.structure(profile))
 
 
-def _stack_kind(per_plane: list[list[Any]], n_slots: int) -> tuple[Any, np.ndarray, np.ndarray]:
-    """One class's members: a module whose leaves have shape `(members,)`, and the
-    `(planes, n_slots)` table of member indices with its mask (padding points at member 0)."""
-    flat = [m for plane in per_plane for m in plane]
-    treedef = jax.tree.structure(flat[0])
-    columns = [[np.asarray(leaf) for leaf in jax.tree.leaves(m)] for m in flat]
-    stacked = [jnp.asarray(np.stack(c)) for c in zip(*columns, strict=True)]
-    index = np.zeros((len(per_plane), n_slots), np.int32)
-    present = np.zeros((len(per_plane), n_slots), bool)
-    k = 0
-    for i, plane in enumerate(per_plane):
-        index[i, : len(plane)] = np.arange(k, k + len(plane))
-        present[i, : len(plane)] = True
-        k += len(plane)
-    return jax.tree.unflatten(treedef, stacked), index, present
+def _stacked(members: list[Any]) -> Any:
+    """Profiles of one class as one module whose leaves have a leading `(members,)` axis."""
+    treedef = jax.tree.structure(members[0])
+    columns = [[np.asarray(leaf) for leaf in jax.tree.leaves(m)] for m in members]
+    return jax.tree.unflatten(
+        treedef, [jnp.asarray(np.stack(c)) for c in zip(*columns, strict=True)]
+    )
 
 
-def _kind_deflection(
-    kind: Any, present: Bool[Array, " slots"], x: GridArray, y: GridArray, size: int
-):
-    """The summed deflection of one class's members on one plane."""
+def _schedule(
+    counts: np.ndarray, chunk: int
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[np.ndarray], list[int]]:
+    """The steps for `counts[plane, kind]` members (numbered plane by plane within each
+    class): each step's plane, whether it is its plane's first, and per class the member
+    indices and mask of its `width` slots."""
+    n_planes, n_kinds = counts.shape
+    widths = [max(1, min(chunk, int(counts[:, k].max()))) for k in range(n_kinds)]
+    per_plane = [
+        max(1, *(-(-int(counts[i, k]) // widths[k]) for k in range(n_kinds)))
+        for i in range(n_planes)
+    ]
+    n_steps = sum(per_plane)
+    plane = np.repeat(np.arange(n_planes, dtype=np.int32), per_plane)
+    first = np.zeros(n_steps, bool)
+    first[np.cumsum([0, *per_plane[:-1]])] = True
+    index = [np.zeros((n_steps, w), np.int32) for w in widths]
+    present = [np.zeros((n_steps, w), bool) for w in widths]
+    start = np.concatenate([np.zeros((1, n_kinds), int), np.cumsum(counts, axis=0)])
+    step = 0
+    for i in range(n_planes):
+        for s in range(per_plane[i]):
+            for k, w in enumerate(widths):
+                lo = s * w
+                hi = min(int(counts[i, k]), lo + w)
+                if hi > lo:
+                    index[k][step, : hi - lo] = start[i, k] + np.arange(lo, hi)
+                    present[k][step, : hi - lo] = True
+            step += 1
+    return plane, first, index, present, widths
 
-    def one(profile, on, x, y):
+
+def _chunk_deflection(kind: Any, on: Bool[Array, " width"], x: GridArray, y: GridArray):
+    """The summed deflection of the masked members of one class (a vmap over slots),
+    nothing computed when no slot is on (outside vmap, where the condition is a branch)."""
+
+    def one(profile, on):
         ax, ay = profile.deflection(x, y)
-        return jnp.where(on, ax, 0.0), jnp.where(on, ay, 0.0)
-
-    def chunk(kind, on):
-        ax, ay = eqx.filter_vmap(one, in_axes=(eqx.if_array(0), 0, None, None))(kind, on, x, y)
-        return ax.sum(axis=0), ay.sum(axis=0)
+        return jnp.where(on, ax, 0.0).astype(x.dtype), jnp.where(on, ay, 0.0).astype(y.dtype)
 
     def evaluate():
-        n = present.shape[0]
-        if n <= size:
-            ax, ay = chunk(kind, present)
-            return ax.astype(x.dtype), ay.astype(y.dtype)
-        arrays, static = eqx.partition(kind, eqx.is_array)
-        split = jax.tree.map(lambda a: a.reshape(n // size, size, *a.shape[1:]), arrays)
+        ax, ay = eqx.filter_vmap(one, in_axes=(eqx.if_array(0), 0))(kind, on)
+        return ax.sum(axis=0), ay.sum(axis=0)
 
-        def step(total, xs):
-            part, on = xs
-            ax, ay = chunk(eqx.combine(part, static), on)
-            return (total[0] + ax.astype(x.dtype), total[1] + ay.astype(y.dtype)), None
-
-        zero = jnp.zeros_like(x)
-        total, _ = jax.lax.scan(step, (zero, zero), (split, present.reshape(-1, size)))
-        return total
-
-    # (a plane without members of this class costs nothing, but under vmap, where the
-    # condition becomes a select)
-    return jax.lax.cond(present.any(), evaluate, lambda: (jnp.zeros_like(x), jnp.zeros_like(y)))
+    return jax.lax.cond(on.any(), evaluate, lambda: (jnp.zeros_like(x), jnp.zeros_like(y)))
 
 
 class MultiPlane(AbstractMassProfile):
@@ -144,12 +162,15 @@ class MultiPlane(AbstractMassProfile):
 
     `deflection(x, y)` is `theta - beta(theta)`; `trace(x, y)` is `beta`; `hessian` and
     `convergence` are those of the effective lens mapping (forward-mode derivatives;
-    `psi_xy != psi_yx` in general). `components()` gives the profiles back.
+    `psi_xy != psi_yx` in general). `components()` gives the profiles back, `cosmology`
+    the astropy cosmology.
     """
 
     kinds: tuple[AbstractMassProfile, ...]
-    index: tuple[Int[Array, "planes slots"], ...]
-    present: tuple[Bool[Array, "planes slots"], ...]
+    index: tuple[Int[Array, "steps width"], ...]
+    present: tuple[Bool[Array, "steps width"], ...]
+    plane: Int[Array, " steps"]
+    first: Bool[Array, " steps"]
     plane_redshifts: tuple[float, ...] = eqx.field(static=True)
     z_source: float = eqx.field(static=True)
     steps: tuple[float, ...] = eqx.field(static=True)
@@ -158,6 +179,7 @@ class MultiPlane(AbstractMassProfile):
     last_step: float = eqx.field(static=True)
     to_source: float = eqx.field(static=True)
     chunk: int = eqx.field(static=True)
+    held_cosmology: _Cosmology = eqx.field(static=True)
 
     def __init__(
         self,
@@ -186,16 +208,14 @@ class MultiPlane(AbstractMassProfile):
         for c, z in zip(components, zs, strict=True):
             members[unique.index(z)].extend(_members(c))
         keys = sorted({_kind_key(m) for plane in members for m in plane})
-        kinds, index, present = [], [], []
-        for key in keys:
-            per_plane = [[m for m in plane if _kind_key(m) == key] for plane in members]
-            kind, idx, mask = _stack_kind(per_plane, _slots(max(map(len, per_plane)), chunk))
-            kinds.append(kind)
-            index.append(jnp.asarray(idx))
-            present.append(jnp.asarray(mask))
-        self.kinds = tuple(kinds)
-        self.index = tuple(index)
-        self.present = tuple(present)
+        by_kind = [[[m for m in plane if _kind_key(m) == key] for plane in members] for key in keys]
+        counts = np.array([[len(p[i]) for p in by_kind] for i in range(len(unique))], int)
+        plane, first, index, present, _ = _schedule(counts.reshape(len(unique), -1), chunk)
+        self.kinds = tuple(_stacked([m for p in kind for m in p]) for kind in by_kind)
+        self.index = tuple(jnp.asarray(i) for i in index)
+        self.present = tuple(jnp.asarray(p) for p in present)
+        self.plane = jnp.asarray(plane)
+        self.first = jnp.asarray(first)
         self.plane_redshifts = tuple(unique)
         self.z_source = z_source
         t_s = _transverse(cosmology, 0.0, z_source)
@@ -208,32 +228,40 @@ class MultiPlane(AbstractMassProfile):
         self.last_step = _transverse(cosmology, unique[-1], z_source)
         self.to_source = t_s
         self.chunk = chunk
+        self.held_cosmology = _Cosmology(cosmology)
+
+    @property
+    def cosmology(self) -> Any:
+        """The astropy cosmology of the distances."""
+        return self.held_cosmology.value
 
     def trace(self, x: GridArray, y: GridArray) -> tuple[GridArray, GridArray]:
         """The source-plane position `beta` (arcsec) of the rays seen at `(x, y)`."""
         x, y = jnp.broadcast_arrays(x, y)
         dtype = jnp.result_type(x, y, float)
-        table = jnp.asarray(np.array([self.steps, self.to_observer, self.factors]).T, dtype)
-        # (each class's members gathered into its planes' slots)
+        dist = jnp.asarray(np.array([self.steps, self.to_observer, self.factors]), dtype)
         arrays, static = eqx.partition(self.kinds, eqx.is_array)
-        arrays = tuple(
-            jax.tree.map(lambda a, i=i: a[i], kind)
-            for kind, i in zip(arrays, self.index, strict=True)
-        )
 
-        def plane(carry, xs):
+        # (checkpointed: reverse mode keeps the rays of each step, not every intermediate
+        # of every halo's profile)
+        @jax.checkpoint
+        def step(carry, xs):
             px, py, ax, ay = carry
-            kind_arrays, present, (dt, t_i, f) = xs
+            plane, first, index, present = xs
+            dt = jnp.where(first, dist[0, plane], 0.0)
+            t_i, f = dist[1, plane], dist[2, plane]
             px, py = px + ax * dt, py + ay * dt
-            dx, dy = jnp.zeros_like(px), jnp.zeros_like(py)
-            for kind, on in zip(eqx.combine(kind_arrays, static), present, strict=True):
-                kx, ky = _kind_deflection(kind, on, px / t_i, py / t_i, self.chunk)
-                dx, dy = dx + kx, dy + ky
-            return (px, py, ax - f * dx, ay - f * dy), None
+            u, v = px / t_i, py / t_i
+            for kind, stat, idx, on in zip(arrays, static, index, present, strict=True):
+                chunk = eqx.combine(jax.tree.map(lambda a, i=idx: a[i], kind), stat)
+                dx, dy = _chunk_deflection(chunk, on, u, v)
+                ax, ay = ax - f * dx, ay - f * dy
+            return (px, py, ax, ay), None
 
         zero = jnp.zeros_like(x, dtype)
         start = (zero, zero, x.astype(dtype), y.astype(dtype))
-        (px, py, ax, ay), _ = jax.lax.scan(plane, start, (arrays, self.present, table))
+        xs = (self.plane, self.first, self.index, self.present)
+        (px, py, ax, ay), _ = jax.lax.scan(step, start, xs)
         px, py = px + ax * self.last_step, py + ay * self.last_step
         return px / self.to_source, py / self.to_source
 
@@ -250,23 +278,23 @@ class MultiPlane(AbstractMassProfile):
     def components(self) -> list[tuple[float, list[AbstractMassProfile]]]:
         """`[(redshift, [profiles on that plane]), ...]`, nearest plane first (the profiles
         sliced out of the stacked arrays as NumPy-backed modules)."""
-        out = []
-        for i, z in enumerate(self.plane_redshifts):
-            plane = []
-            for kind, index, present in zip(self.kinds, self.index, self.present, strict=True):
-                host = jax.tree.map(np.asarray, kind)
-                for k in np.asarray(index)[i][np.asarray(present)[i]]:
-                    plane.append(jax.tree.map(lambda a, k=k: a[k], host))
-            out.append((z, plane))
+        out = [(z, []) for z in self.plane_redshifts]
+        plane = np.asarray(self.plane)
+        for kind, index, present in zip(self.kinds, self.index, self.present, strict=True):
+            host = jax.tree.map(np.asarray, kind)
+            idx, on = np.asarray(index), np.asarray(present)
+            for s in range(plane.size):
+                for k in idx[s][on[s]]:
+                    out[plane[s]][1].append(jax.tree.map(lambda a, k=k: a[k], host))
         return out
 
     @classmethod
     def stack(cls, lenses: Sequence["MultiPlane"]) -> "MultiPlane":
         """Many lenses with the same planes (redshifts and distances) and the same classes
-        of components as one `MultiPlane` whose arrays have a leading batch axis (members
-        and slots padded to the largest lens; a padded member is in no slot): for
-        `eqx.filter_vmap` over realisations, e.g. of `equilens.simulate`. It is not
-        evaluated directly."""
+        of components as one `MultiPlane` whose arrays have a leading batch axis (members,
+        steps and slots padded to the largest lens; padding is masked): for
+        `eqx.filter_vmap` over realisations, e.g. `el.simulate_batch`. It is not evaluated
+        directly. (Under vmap every step evaluates a chunk of every class.)"""
         if len(lenses) == 0:
             raise ValueError("MultiPlane.stack needs at least one lens")
         first = lenses[0]
@@ -274,37 +302,50 @@ class MultiPlane(AbstractMassProfile):
         def keys(lens):
             return [_kind_key(jax.tree.map(lambda a: a[0], k)) for k in lens.kinds]
 
+        planes = (first.plane_redshifts, first.steps, first.factors, first.z_source, first.chunk)
         for lens in lenses[1:]:
-            if (lens.plane_redshifts, lens.steps, lens.factors, lens.z_source, lens.chunk) != (
-                first.plane_redshifts,
-                first.steps,
-                first.factors,
-                first.z_source,
-                first.chunk,
-            ):
+            if (
+                lens.plane_redshifts,
+                lens.steps,
+                lens.factors,
+                lens.z_source,
+                lens.chunk,
+            ) != planes:
                 raise ValueError("MultiPlane.stack needs lenses with the same planes")
             if keys(lens) != keys(first):
                 raise ValueError("MultiPlane.stack needs lenses with the same component classes")
 
-        def pad(a, n, axis):
-            # (with copies of the first entry; the mask with False)
+        def pad(a, n, axis, value=None):
+            # (with copies of the first entry, or with `value`)
             fill = jnp.repeat(jnp.take(a, jnp.array([0]), axis=axis), n - a.shape[axis], axis)
-            return jnp.concatenate([a, jnp.zeros_like(fill) if a.dtype == bool else fill], axis)
+            fill = fill if value is None else jnp.full_like(fill, value)
+            return jnp.concatenate([a, fill], axis)
 
+        n_steps = max(int(lens.plane.shape[0]) for lens in lenses)
+        last = len(first.plane_redshifts) - 1
         kinds, index, present = [], [], []
         for i in range(len(first.kinds)):
             n_members = max(int(jax.tree.leaves(lens.kinds[i])[0].shape[0]) for lens in lenses)
-            n_slots = _slots(max(int(lens.present[i].shape[1]) for lens in lenses), first.chunk)
+            width = max(int(lens.present[i].shape[1]) for lens in lenses)
             kinds.append(
                 jax.tree.map(
                     lambda *a, n=n_members: jnp.stack([pad(b, n, 0) for b in a]),
                     *[lens.kinds[i] for lens in lenses],
                 )
             )
-            index.append(jnp.stack([pad(lens.index[i], n_slots, 1) for lens in lenses]))
-            present.append(jnp.stack([pad(lens.present[i], n_slots, 1) for lens in lenses]))
+            index.append(
+                jnp.stack([pad(pad(le.index[i], width, 1, 0), n_steps, 0, 0) for le in lenses])
+            )
+            present.append(
+                jnp.stack(
+                    [pad(pad(le.present[i], width, 1, False), n_steps, 0, False) for le in lenses]
+                )
+            )
+        # (padding steps: on the last plane, not its first step, every slot off: no-ops)
+        plane = jnp.stack([pad(le.plane, n_steps, 0, last) for le in lenses])
+        firsts = jnp.stack([pad(le.first, n_steps, 0, False) for le in lenses])
         return eqx.tree_at(
-            lambda m: (m.kinds, m.index, m.present),
+            lambda m: (m.kinds, m.index, m.present, m.plane, m.first),
             first,
-            (tuple(kinds), tuple(index), tuple(present)),
+            (tuple(kinds), tuple(index), tuple(present), plane, firsts),
         )
