@@ -177,6 +177,7 @@ def test_gradients_with_respect_to_every_halo_parameter():
         return jnp.sum(bx**2 + by * x)
 
     g = eqx.filter_jit(eqx.filter_grad(loss))(lens)
+    compiled = eqx.filter_jit(loss)
     # every parameter of every component is a leaf (no padding), with a finite, non-zero
     # derivative
     n = 0
@@ -193,7 +194,7 @@ def test_gradients_with_respect_to_every_halo_parameter():
 
             def moved(h, name=name, member=member):
                 a = getattr(lens.kinds[tnfw], name).at[member].add(h)
-                return loss(eqx.tree_at(lambda m: getattr(m.kinds[tnfw], name), lens, a))
+                return compiled(eqx.tree_at(lambda m: getattr(m.kinds[tnfw], name), lens, a))
 
             fd = (float(moved(1e-6)) - float(moved(-1e-6))) / 2e-6
             ad = float(getattr(g.kinds[tnfw], name)[member])
@@ -228,8 +229,8 @@ def test_stacked_realisations_vmap_as_each_alone():
     )  # fmt: skip
     assert data.shape == noise.shape == (3, 24, 24)
     keys = jax.random.split(jax.random.key(1), 3)
-    for i, lens in enumerate(lenses):
-        one = el.simulate(keys[i], system(lens), grid, psf, exposure_time=500.0, sky_level=1.0)
+    for i in (0, 2):  # (the smallest lens, padded, and the largest)
+        one = el.simulate(keys[i], system(lenses[i]), grid, psf, exposure_time=500.0, sky_level=1.0)
         tol = 1e-10 if X64 else 1e-4
         assert float(jnp.max(jnp.abs(data[i] - one.data))) < tol * float(jnp.max(one.data))
         assert float(jnp.max(jnp.abs(noise[i] - one.noise_map))) < tol * float(
@@ -302,3 +303,29 @@ def test_the_substructure_page_snippets_run():
     assert isinstance(lens, MultiPlane) and lens.plane_redshifts == (0.222, 0.4)
     assert image.shape == (100, 100) and bool(jnp.all(jnp.isfinite(image)))
     assert float(image.max()) > 0.0
+
+
+@pytest.mark.x64_only
+def test_the_pixelized_evidence_through_a_one_plane_lens_is_the_single_plane_one():
+    """A MultiPlane in the pixelized source's evidence: one plane gives the single-plane
+    lens's log-evidence (JAX and Numba), and a halo behind the lens changes it."""
+    grid, psf = el.Grid((30, 30), 0.1), el.GaussianPSF(0.2, 0.1)
+    main = mass.SIE(theta_E=1.0, e1=0.05, e2=0.0) + mass.ExternalShear(0.02, 0.0)
+    src = light.Sersic(amp=15.0, R_sersic=0.2, n_sersic=1.2, center_x=0.05)
+    data = el.simulate(
+        jax.random.key(2), el.LensSystem(mass=main, source=src), grid, psf,
+        exposure_time=1000.0, sky_level=0.5, mask=grid.circular_mask(1.4),
+    )  # fmt: skip
+    pixelized = el.PixelizedSource(el.RectangularMesh((12, 12)), el.ConstantRegularization(1.0))
+    term = el.LogEvidence(data)
+    values = {}
+    for name, lens in (
+        ("single", main),
+        ("one plane", MultiPlane([main], [0.5], 2.0)),
+        ("halo behind", MultiPlane([main, mass.SIS(theta_E=0.1, center_x=0.8)], [0.5, 0.9], 2.0)),
+    ):
+        system = el.LensSystem(mass=lens, source=pixelized)
+        values[name] = float(eqx.filter_jit(lambda t, s: t(s))(term, system))
+        assert abs(enb.value(term, system) - values[name]) < 1e-9 * abs(values[name])
+    assert abs(values["one plane"] - values["single"]) < 1e-10 * abs(values["single"])
+    assert abs(values["halo behind"] - values["single"]) > 1e-3

@@ -91,9 +91,7 @@ def test_populations_are_reproducible_sheeted_and_stack():
     assert ra.shape != rc.shape or not np.array_equal(ra, rc)
     # the mass sheets: one per plane at least, negative (they take the halos' mean mass away)
     sheets = next(i for i, k in enumerate(a.kinds) if isinstance(k, mass.ConvergenceSheet))
-    assert all(
-        any(isinstance(m, mass.ConvergenceSheet) for m in ms) for _, ms in a.components()
-    )
+    assert all(any(isinstance(m, mass.ConvergenceSheet) for m in ms) for _, ms in a.components())
     assert float(np.max(np.asarray(a.kinds[sheets].kappa))) < 0.0
     bare = substructure.population(0.5, 1.5, seed=7, macro=MACRO, mass_sheets=False, **POP)
     assert not any(isinstance(k, mass.ConvergenceSheet) for k in bare.kinds)
