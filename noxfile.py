@@ -60,8 +60,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
-    """pyright on src/, with the optional dependencies the code imports (the samplers')."""
-    session.install("-e", ".[numba,sampling]", PYRIGHT)
+    """pyright on src/, with the optional dependencies the code imports (the samplers',
+    pyHalo)."""
+    session.install("-e", ".[numba,sampling,substructure]", PYRIGHT)
     session.run("pyright", "src")
 
 

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from equilens import light, mass
 
@@ -103,3 +104,10 @@ def final_subclasses(root: type) -> set[str]:
                 out.add(sub.__name__)
             stack.append(sub)
     return out
+
+
+def slow_ci(fn):
+    """Marks a test `slow` and `ci`: out of the README's test command (the fast suite), run
+    by `nox -s slow-ci` on every `.ci/run`. For the tests that start processes (each imports
+    JAX anew: 5-30 s on the 2-core machine) or run a whole fit."""
+    return pytest.mark.slow(pytest.mark.ci(fn))

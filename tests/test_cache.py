@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from helpers import slow_ci
+
 pytestmark = pytest.mark.precision_independent
 
 # compiles one program (a fit's worth of work is not needed: the threshold is set to 0),
@@ -73,6 +75,7 @@ def test_on_by_default_in_the_users_cache_folder(tmp_path):
     assert sorted(p.name for p in base.iterdir()) == sorted([host_cpu_key(), "notes.txt"])
 
 
+@slow_ci
 def test_the_users_own_cache_and_the_switch_are_respected(tmp_path):
     mine = str(tmp_path / "mine")
     assert _run(tmp_path, JAX_COMPILATION_CACHE_DIR=mine)["dir"] == mine
@@ -84,6 +87,7 @@ def test_the_users_own_cache_and_the_switch_are_respected(tmp_path):
     assert os.path.dirname(got) == str(there)
 
 
+@slow_ci
 def test_a_second_process_loads_the_compiled_program(tmp_path):
     folder = str(tmp_path / "cache")
     first = _run(tmp_path, "set", folder)

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 import equilens as el
 from equilens import light, mass
 from equilens.cli import REGULARIZATIONS, main
+from helpers import slow_ci
 
 # the command turns float64 on for its process: run these in the float64 session only
 pytestmark = pytest.mark.x64_only
@@ -134,6 +135,7 @@ def test_fit_that_does_not_converge_exits_with_status_2(fits_files, tmp_path, ca
     assert "the fit did not succeed" in capsys.readouterr().err
 
 
+@slow_ci
 def test_ctrl_c_writes_the_finished_stage_and_exits_130(fits_files, tmp_path, capsys, monkeypatch):
     """Ctrl-C during the search (after the lens-light stage): one line on stderr, exit
     status 130, and the lens-light stage's fit written as the JSON, marked interrupted;
@@ -277,6 +279,7 @@ def test_sample_picks_nested_sampling_on_a_cpu():
     assert name == "nested" and "on a CPU" in why and "core" in why
 
 
+@slow_ci
 def test_ctrl_c_during_nested_sampling_writes_the_points_so_far(
     fits_files, tmp_path, capsys, monkeypatch
 ):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import equilens as el
+from equilens import mass
 
 X64 = jax.config.read("jax_enable_x64")
 
@@ -90,3 +91,18 @@ def test_bad_inputs_are_refused():
         lc.mass_within(el.mass.SIS(1.0), 0.0)
     with pytest.raises(TypeError, match="NFW"):  # (beartype in the tests, or its own check)
         lc.nfw_mass(el.mass.SIS(1.0))
+
+
+@pytest.mark.x64_only
+def test_a_profile_scaled_to_a_mass_within_a_radius():
+    lc = el.LensCosmology(0.222, 0.609)
+    kpc = 1.0 / lc.kpc_per_arcsec()
+    tnfw = lc.with_mass_within(mass.TNFW(Rs=0.05, alpha_Rs=1.0, r_trunc=0.4), 2e9, kpc)
+    pj = lc.with_mass_within(mass.PseudoJaffe(sigma0=1.0, Ra=0.001, Rs=0.6), 3.5e9, kpc)
+    assert abs(lc.mass_within(tnfw, kpc) / 2e9 - 1.0) < 1e-10
+    assert abs(lc.mass_within(pj, kpc) / 3.5e9 - 1.0) < 1e-10
+    assert float(tnfw.Rs) == 0.05 and float(tnfw.r_trunc) == 0.4 and float(pj.Rs) == 0.6
+    with pytest.raises(TypeError, match="NFW"):  # (beartype in the tests, or its own check)
+        lc.with_mass_within(mass.SIS(theta_E=1.0), 1e9, kpc)
+    with pytest.raises(ValueError, match="mass must be > 0"):
+        lc.with_mass_within(tnfw, -1.0, kpc)

@@ -139,6 +139,7 @@ def test_numba_code_lives_only_in_the_numba_subpackage():
             assert needle not in text, f"{needle} in {path} (Numba code belongs in equilens/numba)"
 
 
+@pytest.mark.precision_independent  # (which modules an import brings in)
 def test_plot_and_numba_need_no_import_of_their_own():
     import subprocess
     import sys

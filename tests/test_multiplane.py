@@ -325,7 +325,9 @@ def test_the_pixelized_evidence_through_a_one_plane_lens_is_the_single_plane_one
         ("halo behind", MultiPlane([main, mass.SIS(theta_E=0.1, center_x=0.8)], [0.5, 0.9], 2.0)),
     ):
         system = el.LensSystem(mass=lens, source=pixelized)
-        values[name] = float(eqx.filter_jit(lambda t, s: t(s))(term, system))
-        assert abs(enb.value(term, system) - values[name]) < 1e-9 * abs(values[name])
+        values[name] = enb.value(term, system)
+        if name == "one plane":  # (JAX too)
+            jax_value = float(eqx.filter_jit(lambda t, s: t(s))(term, system))
+            assert abs(jax_value - values[name]) < 1e-9 * abs(values[name])
     assert abs(values["one plane"] - values["single"]) < 1e-10 * abs(values["single"])
     assert abs(values["halo behind"] - values["single"]) > 1e-3

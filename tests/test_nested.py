@@ -22,6 +22,7 @@ from equilens import light, mass
 pytest.importorskip("nautilus")
 pytest.importorskip("numba")
 
+from helpers import slow_ci
 from test_sample import _amplitude_problem, _analytic, truncated_normal
 
 pytestmark = pytest.mark.x64_only
@@ -319,6 +320,7 @@ def _small_problem():
     return objective, el.fit(objective, truth, free=free), free
 
 
+@slow_ci
 def test_worker_processes_evaluate_what_this_process_does():
     """`DensityPool`: the log-densities of a batch from two worker processes (fresh
     interpreters, one Numba thread each) equal this process's, in order; a worker's
@@ -343,6 +345,7 @@ def test_worker_processes_evaluate_what_this_process_does():
     assert all(p.poll() is not None for p in procs)
 
 
+@slow_ci
 def test_nested_sampling_in_worker_processes_is_the_same_run(capsys):
     """The same seed gives the same points and evidence with the likelihood in two worker
     processes as in this process (nautilus's batches split between them, in order); the
@@ -398,6 +401,7 @@ def test_ctrl_c_keeps_the_points_so_far(monkeypatch):
     assert signal.getsignal(signal.SIGINT) is handler
 
 
+@slow_ci
 def test_workers_that_cannot_start_leave_the_likelihood_here_with_a_warning(monkeypatch):
     """Worker processes that cannot hold the likelihood (here: refused at start) make the
     automatic choice (`processes=None`) evaluate it in this process, with a warning that

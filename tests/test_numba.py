@@ -19,7 +19,7 @@ import equilens as el
 import equilens.numba as enb
 from equilens import light, mass
 from equilens.terms import solve_amplitudes
-from helpers import example_light_profiles, example_mass_profiles, sample_points
+from helpers import example_light_profiles, example_mass_profiles, sample_points, slow_ci
 
 pytestmark = pytest.mark.x64_only
 
@@ -805,6 +805,7 @@ print(sum(stats.cache_misses.values()), sum(stats.cache_hits.values()))
 """
 
 
+@slow_ci
 @pytest.mark.precision_independent
 def test_processes_started_together_compile_a_kernel_once(tmp_path):
     """Two processes that call one kernel at the same moment on an empty Numba cache: one

@@ -20,7 +20,7 @@ import equilens as el
 from equilens import light, mass
 from equilens.regularization import AbstractRegularization
 from equilens.regularization._regularization import RIDGE
-from helpers import fd_grad, rel_err
+from helpers import fd_grad, rel_err, slow_ci
 
 X64 = jax.config.read("jax_enable_x64")
 PS = 0.05
@@ -1123,6 +1123,7 @@ def _light_error(imaging, system, truth):
     return np.linalg.norm(image(system.lens_light.profile) - want) / np.linalg.norm(want)
 
 
+@slow_ci
 def test_lens_light_refitted_beside_the_pixelized_source_moves_to_the_truth():
     truth, imaging, start = _light_dataset()
     term = el.LogEvidence(imaging)

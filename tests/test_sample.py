@@ -12,6 +12,7 @@ import pytest
 
 import equilens as el
 from equilens import light, mass
+from helpers import slow_ci
 
 pytest.importorskip("blackjax")
 
@@ -171,6 +172,7 @@ def test_draws_in_chunks_are_those_of_one_run(monkeypatch, capsys):
     assert "160/160 draws per chain (2 chains)" in out and "s left" in out
 
 
+@slow_ci
 def test_ctrl_c_during_nuts_keeps_the_draws_so_far(monkeypatch):
     """A SIGINT while the draws are made (sent when the first chunk has finished, through
     the module's clock) ends the run after that chunk with `SamplingInterrupted` (a

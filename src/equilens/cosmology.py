@@ -176,3 +176,24 @@ class LensCosmology(eqx.Module):
         ax, ay = (np.asarray(a, np.float64) for a in profile.deflection(x, y))
         flux = float(np.mean(ax * nx + ay * ny)) * 2.0 * math.pi * float(radius)
         return 0.5 * flux * self.sigma_crit
+
+    def with_mass_within(
+        self, profile: NFW | TNFW | PseudoJaffe, mass: float, radius: float
+    ) -> NFW | TNFW | PseudoJaffe:
+        """`profile` with its amplitude (`alpha_Rs` of an `NFW` or `TNFW`, `sigma0` of a
+        `PseudoJaffe`; the deflection is linear in it) scaled so that its projected mass
+        inside `radius` arcsec about its centre is `mass` (Msun): e.g. a subhalo of 1e9
+        Msun within 1 kpc, `radius = 1 / kpc_per_arcsec()`. Its radii are kept."""
+        fields = {NFW: "alpha_Rs", TNFW: "alpha_Rs", PseudoJaffe: "sigma0"}
+        name = fields.get(type(profile))
+        if name is None:
+            raise TypeError(
+                f"with_mass_within takes an NFW, TNFW or PseudoJaffe, got {type(profile).__name__}"
+            )
+        if not float(mass) > 0:
+            raise ValueError(f"mass must be > 0 Msun, got {mass}")
+        now = self.mass_within(profile, radius)
+        if not now > 0:
+            raise ValueError(f"the profile has no mass within {radius} arcsec to scale")
+        scaled = float(getattr(profile, name)) * float(mass) / now
+        return eqx.tree_at(lambda p: getattr(p, name), profile, jnp.asarray(scaled))
