@@ -13,6 +13,7 @@ import pytest
 import equilens as el
 from equilens import light, mass
 from equilens.solve import _fit
+from helpers import slow_ci
 
 X64 = jax.config.read("jax_enable_x64")
 GRID = el.Grid((48, 48), 0.06)
@@ -307,6 +308,7 @@ def test_smoothed_covariance_is_the_curvature_on_the_scale_of_the_errors():
         el.solve.with_smoothed_covariance(failed(point), smooth, lambda _: True, step=0.0)
 
 
+@slow_ci
 def test_fit_batch_routes_agree_and_auto_loops_on_a_cpu():
     """`fit_batch` solved as a loop of compiled fits and as one vmapped batch: the same fits
     to round-off; the loop runs `fit`'s own program (each element equals `fit` of its start

@@ -15,6 +15,7 @@ import equilens.numba as enb
 from equilens import light, mass
 from equilens.mass import MultiPlane
 from equilens.mass._multiplane import _transverse
+from helpers import slow_ci
 
 X64 = jax.config.read("jax_enable_x64")
 
@@ -201,6 +202,7 @@ def test_gradients_with_respect_to_every_halo_parameter():
             assert abs(ad - fd) < 1e-6 * max(1.0, abs(fd))
 
 
+@pytest.mark.precision_independent  # (the padding of a batch; float32 images: above)
 def test_stacked_realisations_vmap_as_each_alone():
     sie = mass.SIE(theta_E=1.0, e1=0.05, e2=0.0)
     lenses = []
@@ -263,6 +265,7 @@ def test_bad_input_and_no_potential():
         enb.hessian(lens, np.zeros(2), np.ones(2))
 
 
+@slow_ci
 @pytest.mark.x64_only
 def test_a_fit_through_a_multiplane_lens():
     """A MultiPlane drops into LensSystem for a fit: the main lens's Einstein radius is
@@ -331,3 +334,33 @@ def test_the_pixelized_evidence_through_a_one_plane_lens_is_the_single_plane_one
             assert abs(jax_value - values[name]) < 1e-9 * abs(values[name])
     assert abs(values["one plane"] - values["single"]) < 1e-10 * abs(values["single"])
     assert abs(values["halo behind"] - values["single"]) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.x64_only
+def test_nuts_through_a_multiplane_lens():
+    """NUTS samples the main lens's Einstein radius through a MultiPlane (a halo behind the
+    lens held fixed): the posterior covers the truth."""
+    pytest.importorskip("blackjax")
+    grid, psf = el.Grid((32, 32), 0.08), el.GaussianPSF(0.16, 0.08)
+    halo = mass.NFW(Rs=0.2, alpha_Rs=0.08, center_x=0.9, center_y=0.4)
+    src = light.Sersic(amp=15.0, R_sersic=0.15, n_sersic=1.2, center_x=0.05)
+
+    def system(theta_e):
+        lens = MultiPlane([mass.SIE(theta_E=theta_e, e1=0.05, e2=0.0), halo], [0.5, 0.9], 2.0)
+        return el.LensSystem(mass=lens, source=src)
+
+    data = el.simulate(
+        jax.random.key(3), system(1.0), grid, psf, exposure_time=1500.0, sky_level=0.5
+    )
+    obj = el.Objective(el.GaussianLikelihood(data))
+    start = system(0.98)
+    sie = next(i for i, k in enumerate(start.mass.kinds) if isinstance(k, mass.SIE))
+    held = jax.tree.map(lambda _: False, start)
+    free = eqx.tree_at(lambda s: s.mass.kinds[sie].theta_E, held, True)
+    post = el.sample(
+        jax.random.key(0), obj, start, free=free, n_chains=2, n_warmup=150, n_samples=200
+    )
+    assert post.names == ("mass.kinds[1].theta_E[0]",)
+    mean, sd = float(post.mean()[0]), float(post.std()[0])
+    assert 0.0 < sd < 0.01 and abs(mean - 1.0) < 4 * sd

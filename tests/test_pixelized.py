@@ -1237,6 +1237,7 @@ def test_power_law_stage_is_kept_only_when_the_evidence_asks_for_a_slope():
     assert float(inversion.log_evidence) == pytest.approx(stages[-2]["log_evidence"], rel=1e-9)
 
 
+@slow_ci
 @pytest.mark.x64_only
 def test_newton_start_steps_into_the_minimum(dataset):
     truth = el.LensSystem(

@@ -96,6 +96,7 @@ def test_nuts_matches_a_linear_gaussian_posterior():
     assert float(post.log_posterior[1, 7]) == pytest.approx(-float(objective(draw)), rel=1e-12)
 
 
+@slow_ci
 def test_bounds_enter_through_the_jacobian_and_the_summaries():
     """A Gaussian prior N(0.3, 0.2) on a Sersic e1, whose class bounds are (-0.6, 0.6): the
     posterior is that normal truncated to the bounds (mean 0.2722, sd 0.1758), which the
@@ -141,6 +142,7 @@ def _prior_problem():
     return model, objective, el.select(model, lambda s: (s.amp, s.e1))
 
 
+@slow_ci
 def test_draws_in_chunks_are_those_of_one_run(monkeypatch, capsys):
     """The draws are made in chunks (one compiled program reused): cut into 1 or 8 chunks,
     the same key gives the same chains; progress reports the draws and the time left."""

@@ -10,6 +10,7 @@ import equilens as el
 from equilens import light, mass
 from equilens.solve import implausible_notes, lens_search_space, light_moments, start_model
 from equilens.solve._plausible import with_plausibility
+from helpers import slow_ci
 
 X64 = jax.config.read("jax_enable_x64")
 GRID = el.Grid((48, 48), 0.06)
@@ -265,6 +266,7 @@ def test_implausible_notes_name_each_reason(objective):
     assert any("mass.components[0].e1" in n for n in notes), notes
 
 
+@slow_ci
 def test_fit_stopped_by_a_bound_is_not_successful(objective):
     """The truth has theta_E = 1.0; bounded to (0.5, 0.9) the fit runs onto the upper bound
     (its raw value grows without end): the status is not successful, the notes say why,
