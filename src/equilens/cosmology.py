@@ -25,6 +25,7 @@ from astropy.constants import (
 )
 
 from .mass import NFW, TNFW, AbstractMassProfile, PseudoJaffe
+from .mass._multiplane import angular_diameter_distance
 
 _ARCSEC = math.pi / (180.0 * 3600.0)  # radians
 _LN_HALF_PLUS_ONE = 1.0 + math.log(0.5)
@@ -67,11 +68,7 @@ class LensCosmology(eqx.Module):
         self.z_lens, self.z_source = float(z_lens), float(z_source)
         self.d_d = float(cosmology.angular_diameter_distance(z_lens).to_value(units.Mpc))
         self.d_s = float(cosmology.angular_diameter_distance(z_source).to_value(units.Mpc))
-        try:  # (astropy >= 7: two redshifts; before, a method of its own)
-            d_ds = cosmology.angular_diameter_distance(z_lens, z_source)
-        except TypeError:
-            d_ds = cosmology.angular_diameter_distance_z1z2(z_lens, z_source)
-        self.d_ds = float(d_ds.to_value(units.Mpc))
+        self.d_ds = angular_diameter_distance(cosmology, self.z_lens, self.z_source)
         rho = cosmology.critical_density(z_lens).to(units.Msun / units.Mpc**3)
         self.rho_crit = float(rho.value)
         # c^2 / (4 pi G) in Msun / Mpc, times D_s / (D_d D_ds): Msun / Mpc^2, then per

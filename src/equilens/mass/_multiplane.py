@@ -43,17 +43,25 @@ def default_chunk() -> int:
     return 4 if jax.default_backend() == "cpu" else 32
 
 
+def angular_diameter_distance(cosmology: Any, z1: float, z2: float) -> float:
+    """`D_A(z1, z2)` in Mpc from an astropy cosmology (any curvature; astropy >= 7 takes
+    two redshifts, before it a method of its own)."""
+    from astropy import units
+
+    try:
+        d = cosmology.angular_diameter_distance(z1, z2)
+    except TypeError:
+        d = cosmology.angular_diameter_distance_z1z2(z1, z2)
+    return float(d.to_value(units.Mpc))
+
+
 def _transverse(cosmology: Any, z1: float, z2: float) -> float:
     """`T(z1, z2)` in Mpc: `(1 + z2) D_A(z1, z2)` (any curvature)."""
     from astropy import units
 
     if z1 == 0.0:
         return float(cosmology.comoving_transverse_distance(z2).to_value(units.Mpc))
-    try:  # (astropy >= 7)
-        d = cosmology.angular_diameter_distance(z1, z2)
-    except TypeError:
-        d = cosmology.angular_diameter_distance_z1z2(z1, z2)
-    return float((1.0 + z2) * d.to_value(units.Mpc))
+    return (1.0 + z2) * angular_diameter_distance(cosmology, z1, z2)
 
 
 def _members(component: AbstractMassProfile) -> list[AbstractMassProfile]:
@@ -90,18 +98,9 @@ def _kind_key(profile: Any) -> tuple[str, str]:
     return type(profile).__name__, str(jax.tree.structure(profile))
 
 
-def _stacked(members: list[Any]) -> Any:
-    """Profiles of one class as one module whose leaves have a leading `(members,)` axis."""
-    treedef = jax.tree.structure(members[0])
-    columns = [[np.asarray(leaf) for leaf in jax.tree.leaves(m)] for m in members]
-    return jax.tree.unflatten(
-        treedef, [jnp.asarray(np.stack(c)) for c in zip(*columns, strict=True)]
-    )
-
-
 def _schedule(
     counts: np.ndarray, chunk: int
-) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[np.ndarray], list[int]]:
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[np.ndarray]]:
     """The steps for `counts[plane, kind]` members (numbered plane by plane within each
     class): each step's plane, whether it is its plane's first, and per class the member
     indices and mask of its `width` slots."""
@@ -128,7 +127,7 @@ def _schedule(
                     index[k][step, : hi - lo] = start[i, k] + np.arange(lo, hi)
                     present[k][step, : hi - lo] = True
             step += 1
-    return plane, first, index, present, widths
+    return plane, first, index, present
 
 
 def _chunk_deflection(kind: Any, on: Bool[Array, " width"], x: GridArray, y: GridArray):
@@ -210,8 +209,10 @@ class MultiPlane(AbstractMassProfile):
         keys = sorted({_kind_key(m) for plane in members for m in plane})
         by_kind = [[[m for m in plane if _kind_key(m) == key] for plane in members] for key in keys]
         counts = np.array([[len(p[i]) for p in by_kind] for i in range(len(unique))], int)
-        plane, first, index, present, _ = _schedule(counts.reshape(len(unique), -1), chunk)
-        self.kinds = tuple(_stacked([m for p in kind for m in p]) for kind in by_kind)
+        plane, first, index, present = _schedule(counts, chunk)
+        self.kinds = tuple(
+            MassBatch.stack([m for p in kind for m in p]).profiles for kind in by_kind
+        )
         self.index = tuple(jnp.asarray(i) for i in index)
         self.present = tuple(jnp.asarray(p) for p in present)
         self.plane = jnp.asarray(plane)
