@@ -100,7 +100,7 @@ def _args(paths, **override):
 
 @pytest.mark.slow
 @pytest.mark.ci
-def test_fit_command_writes_json_and_png(fits_files, tmp_path):
+def test_fit_command_writes_json_and_png(fits_files, tmp_path, capsys):
     out = tmp_path / "fit.json"
     assert main([*_args(fits_files), "--json", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -120,6 +120,10 @@ def test_fit_command_writes_json_and_png(fits_files, tmp_path):
     arcs = result["arc_residuals"]
     assert arcs["n_arcs"] > 50 and arcs["excess"] < 2.0, arcs
     assert (tmp_path / "fit.png").exists()
+    # the source's wings continue beyond the circle of 1.4": the mask grows onto them
+    # (`equilens.solve.fit_to_arcs`; tests/test_mask_growth.py checks what joins)
+    assert result["mask"]["added"] > 20 and result["mask"]["pixels"] == result["n_data"]
+    assert "pixels added" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -128,9 +132,11 @@ def test_fit_that_does_not_converge_exits_with_status_2(fits_files, tmp_path, ca
     """One solver step per fit cannot converge: the results are written, stderr says why,
     and the exit status is 2 (not 0: a failed fit is not a success; not 1: no bad input)."""
     out = tmp_path / "short.json"
-    assert main([*_args(fits_files), "--max-steps", "1", "--json", str(out)]) == 2
+    argv = [*_args(fits_files), "--max-steps", "1", "--fixed-mask", "--json", str(out)]
+    assert main(argv) == 2
     result = json.loads(out.read_text())
     assert result["success"] is False and "maximum number of steps" in result["status"]
+    assert "mask" not in result  # --fixed-mask: not grown, not checked
     assert (tmp_path / "short.png").exists()
     assert "the fit did not succeed" in capsys.readouterr().err
 

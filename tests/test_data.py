@@ -163,6 +163,11 @@ def test_from_fits_ignores_a_nan_border_outside_the_mask_radius(tmp_path):
     assert int(ds.mask.sum()) == int(el.Grid((40, 40), 0.1).circular_mask(1.5).sum())
     with pytest.raises(ValueError, match="mask_radius must be > 0"):
         el.Imaging.from_fits(paths["image"], paths["noise"], paths["psf"], 0.1, mask_radius=0.0)
+    # exclude_bad: every usable pixel of the whole image (where `equilens fit` grows a mask)
+    every = el.Imaging.from_fits(
+        paths["image"], paths["noise"], paths["psf"], 0.1, exclude_bad=True
+    )
+    assert int(every.mask.sum()) == 37 * 38 and every.ignored_bad_pixels == 40 * 3 + 2 * 37
 
 
 def test_float32_is_announced_and_float64_is_silent():

@@ -41,6 +41,33 @@ def _load(
     return full.cropped()
 
 
+def _region(
+    image: str,
+    noise_map: str,
+    psf: str,
+    pixel_scale: float,
+    exclude: str | None,
+    supersampling: int,
+):
+    """The whole image's usable pixels (finite, with positive noise, not excluded by the
+    user): where `fit` grows its mask to arcs that continue beyond it
+    (`equilens.solve.fit_to_arcs`)."""
+    from .. import Imaging
+    from ..data import DataWarning
+
+    with warnings.catch_warnings():  # (the fit's own pixels were checked by `_load`)
+        warnings.simplefilter("ignore", DataWarning)
+        return Imaging.from_fits(
+            image,
+            noise_map,
+            psf,
+            pixel_scale,
+            exclude_mask=exclude,
+            supersampling=supersampling,
+            exclude_bad=True,
+        )
+
+
 def _positions(path: str | None):
     """The `--positions` file: two columns, x and y in arcsec ('#' starts a comment)."""
     if path is None:
@@ -73,6 +100,16 @@ def _imaging(args) -> Any:
         args.mask,
         args.mask_radius,
         args.supersampling,
+    )
+
+
+def _grow_region(args) -> Any:
+    """`_region` of `fit`'s one image when its mask may grow: a `--mask-radius` given (else
+    the mask already holds every usable pixel) and no `--fixed-mask`; else None."""
+    if args.mask_radius is None or getattr(args, "fixed_mask", True):
+        return None
+    return _region(
+        args.image, args.noise_map, args.psf, args.pixel_scale, args.mask, args.supersampling
     )
 
 

@@ -32,8 +32,11 @@ def run_fit(
     positions_sigma: float | None = None,
     partial: Partial | None = None,
     power_law: bool = False,
+    region=None,
 ) -> dict[str, str]:
-    """Fits `imaging` (`equilens.solve.fit_lens`; for `source="pixelized"` followed by
+    """Fits `imaging` (`equilens.solve.fit_lens`; with `region`, the whole image's usable
+    pixels, the mask then grown to arcs that continue beyond it and the fit repeated,
+    `equilens.solve.fit_to_arcs`; for `source="pixelized"` followed by
     `equilens.solve.fit_pixelized`, with its power-law stage when `power_law`),
     prints the parameters with errors, and writes the JSON result to `json_path` and the
     figure next to it (`.png`; pixelized: also `_source.fits`). Returns the output paths
@@ -42,9 +45,10 @@ def run_fit(
     import numpy as np
 
     from ..plot import plot_fit, plot_reconstruction
-    from ..solve import fit_lens, result_to_dict, write_json
+    from ..solve import fit_lens, fit_to_arcs, result_to_dict, write_json
 
     # pixelized: build (and so check) the mesh and regularization before any fitting
+    default = mesh is None
     if source == "pixelized" and mesh is None:
         mesh = default_mesh(imaging)
     pix_mesh = make_mesh(mesh, imaging) if mesh is not None and source == "pixelized" else None
@@ -72,6 +76,25 @@ def run_fit(
         partial=partial,
     )
     extra = dict(extra or {})
+    if region is not None:
+        result, imaging, rounds = fit_to_arcs(
+            region,
+            imaging,
+            result,
+            solver=solver,
+            max_steps=300 if max_steps is None else max_steps,
+            positions=positions,
+            positions_sigma=positions_sigma,
+            progress=progress,
+        )
+        added = sum(g.added for g in rounds)
+        extra["mask"] = {"pixels": int(np.asarray(imaging.mask).sum()), "added": added}
+        if added:
+            if partial is not None:
+                partial.keep("grown mask", result)
+            if pix_mesh is not None:  # the mesh of the grown mask
+                mesh = default_mesh(imaging) if default else mesh
+                pix_mesh = make_mesh(mesh, imaging)  # pyright: ignore[reportArgumentType]
     folder = os.path.dirname(os.path.abspath(json_path))
     os.makedirs(folder, exist_ok=True)
     base = os.path.splitext(json_path)[0]

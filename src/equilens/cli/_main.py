@@ -5,7 +5,7 @@ import os
 import sys
 
 from ._check import _check_model, _check_numbers, _check_solver, _lens_light
-from ._data import _bands, _imaging, _positions
+from ._data import _bands, _grow_region, _imaging, _positions
 from ._demo import run_demo
 from ._fit import run_fit, run_fit_multiband
 from ._partial import Partial
@@ -117,6 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     fit.add_argument(
         "--positions-sigma", type=float, help="1-sigma of the positions (arcsec; default a pixel)"
+    )
+    fit.add_argument(
+        "--fixed-mask",
+        action="store_true",
+        help="keep the mask as given (default: with --mask-radius, one image, the mask grows "
+        "to arcs that continue beyond it, never into --mask's pixels, and the fit is repeated)",
     )
     fit.add_argument("--json", required=True, help="output JSON path (PNG written beside it)")
     smp = sub.add_parser(
@@ -283,7 +289,7 @@ def _run(args, partial: Partial) -> int:
             )
         else:
             run = run_fit_multiband if args.band else run_fit
-            one = {} if args.band else {"power_law": args.power_law}
+            one = {} if args.band else {"power_law": args.power_law, "region": _grow_region(args)}
             out = run(
                 data,
                 args.json,

@@ -324,6 +324,7 @@ class Imaging(eqx.Module):
         supersampling: int = 1,
         hdu: int = 0,
         mask_radius: float | None = None,
+        exclude_bad: bool = False,
     ) -> "Imaging":
         """Loads an image, its noise map and PSF kernel from FITS files (astropy).
 
@@ -331,9 +332,10 @@ class Imaging(eqx.Module):
         combined with `mask` (True = used) and with `mask_radius` (arcsec: only pixels whose
         centre lies within it of the image centre are used). Bad pixels outside the
         combined mask (a cutout's NaN border) are ignored and counted in
-        `ignored_bad_pixels`. The PSF kernel is normalised to sum 1; one as large as the
-        image in either axis is refused (`ValueError`: the wrong file, e.g. the image
-        itself). Each path may name its extension, `file.fits[NAME]` or `file.fits[N]`
+        `ignored_bad_pixels`; `exclude_bad=True` excludes the bad pixels inside it too
+        (else they are refused: `ValueError`). The PSF kernel is normalised to sum 1; one
+        as large as the image in either axis is refused (`ValueError`: the wrong file, e.g.
+        the image itself). Each path may name its extension, `file.fits[NAME]` or `file.fits[N]`
         (else `hdu`).
         """
         d = _load_fits(image, hdu, "image")
@@ -345,6 +347,8 @@ class Imaging(eqx.Module):
             if ex.shape != d.shape:
                 raise ValueError(f"mask shape {ex.shape} does not match image shape {d.shape}")
             m = m & (ex == 0)
+        if exclude_bad:
+            m = m & np.isfinite(d) & np.isfinite(n) & (np.where(np.isfinite(n), n, 0.0) > 0)
         if mask_radius is not None:
             if not mask_radius > 0:
                 raise ValueError(f"mask_radius must be > 0 arcsec, got {mask_radius}")

@@ -3,7 +3,7 @@ objectives: a loop of compiled fits on a CPU, vmapped on an accelerator, `batch_
 `search` (a global first stage: many starts screened, the best refined),
 `FitResult` and its `RESULTS` codes, `sample` (NUTS posterior draws, a `Posterior`),
 `nested_sample` (nautilus: weighted points and the evidence, a `NestedPosterior`),
-plausibility checks, saving and loading."""
+plausibility checks, the mask grown to the arcs (`fit_to_arcs`), saving and loading."""
 
 from ._batch import (
     MultiStart as MultiStart,
@@ -23,6 +23,11 @@ from ._io import (
     result_to_dict as result_to_dict,
     save as save,
     write_json as write_json,
+)
+from ._mask import (
+    MaskGrowth as MaskGrowth,
+    fit_to_arcs as fit_to_arcs,
+    grow_mask as grow_mask,
 )
 from ._nested import (
     NestedInterrupted as NestedInterrupted,

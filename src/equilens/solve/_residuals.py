@@ -103,18 +103,7 @@ def arc_residuals(
             f"data's shape {used.shape}"
         )
     data = np.asarray(imaging.data, dtype=np.float64)
-    noise = np.where(used, np.asarray(imaging.noise_map, dtype=np.float64), 1.0)
-    k = _data_kernel(imaging)[::-1, ::-1]  # (a correlation: the flipped kernel convolved)
-    weight = fftconvolve(used.astype(np.float64), k**2, mode="same")
-    ok = used & (weight > 1e-3 * (k**2).sum())
-    norm = np.sqrt(np.where(ok, weight, 1.0))
-
-    def filtered(image: np.ndarray) -> np.ndarray:
-        return (
-            np.where(ok, fftconvolve(np.where(used, image / noise, 0.0), k, mode="same"), 0.0)
-            / norm
-        )
-
+    filtered, ok = matched_filter(imaging, used)
     residual = filtered(data - model)
     lens_subtracted = filtered(data - (model - source))
     arcs = ok & ((lens_subtracted > ARC_DETECTION) | (filtered(source) > ARC_DETECTION))
@@ -126,6 +115,28 @@ def arc_residuals(
         n_arcs=int(arcs.sum()),
         n_elsewhere=int(other.sum()),
     )
+
+
+def matched_filter(
+    imaging: Imaging, used: np.ndarray
+) -> tuple[Callable[[np.ndarray], np.ndarray], np.ndarray]:
+    """The PSF-matched filter of `ArcResiduals` over the pixels `used` (boolean, the shape
+    of `imaging`): a function from an image (flux per pixel) to its matched-filter S/N
+    map `sum(r k) / sqrt(sum(k^2))` (`r` = image / noise over the used pixels under the
+    kernel `k`; 0 elsewhere), and the pixels where that map is defined (used, with enough
+    of the kernel's weight on used pixels)."""
+    noise = np.where(used, np.asarray(imaging.noise_map, dtype=np.float64), 1.0)
+    k = _data_kernel(imaging)[::-1, ::-1]  # (a correlation: the flipped kernel convolved)
+    weight = fftconvolve(used.astype(np.float64), k**2, mode="same")
+    ok = used & (weight > 1e-3 * (k**2).sum())
+    norm = np.sqrt(np.where(ok, weight, 1.0))
+
+    def filtered(image: np.ndarray) -> np.ndarray:
+        image = np.asarray(image, dtype=np.float64)
+        convolved = fftconvolve(np.where(used, image / noise, 0.0), k, mode="same")
+        return np.where(ok, convolved, 0.0) / norm
+
+    return filtered, ok
 
 
 def _data_kernel(imaging: Imaging) -> np.ndarray:
