@@ -432,7 +432,9 @@ def test_missing_band_extension_names_the_band(band_file, tmp_path, capsys):
     assert "band band1:" in err and "no image data in HDU B_FLUX" in err, err
 
 
-def test_check_names_the_power_law_stage_where_it_runs(fits_files, band_file, tmp_path, capsys):
+def test_check_names_the_power_law_stage_and_the_mask_growth(
+    fits_files, band_file, tmp_path, capsys
+):
     out = ["--json", str(tmp_path / "x.json"), "--check"]
     for override, runs in (
         ({"--source": "pixelized", "--power-law": True}, True),
@@ -443,6 +445,10 @@ def test_check_names_the_power_law_stage_where_it_runs(fits_files, band_file, tm
         printed = capsys.readouterr().out
         assert "pixelized source:" in printed
         assert ("then the power-law stage" in printed) == runs, (override, printed)
+    # the mask: grown onto arcs beyond the circle unless --fixed-mask
+    assert "mask: grown onto arcs" in printed
+    assert main([*_args(fits_files, **{"--fixed-mask": True}), *out]) == 0
+    assert "mask: kept as given" in capsys.readouterr().out
     # the joint chain of several bands has no such stage: the flag is refused there
     argv = [*_band_args(band_file), "--band-pixel-scales", "0.06,0.1", "--source", "pixelized"]
     assert main([*argv, "--power-law", *out]) == 1

@@ -108,6 +108,12 @@ def _check_model(args, imaging, positions) -> list[str]:
     ]
     if positions is not None:
         lines.append(f"positions: {len(positions)} images")
+    if args.command == "fit" and not args.band and args.mask_radius is not None:
+        lines.append(
+            "mask: kept as given (--fixed-mask)"
+            if args.fixed_mask
+            else "mask: grown onto arcs that continue beyond it, after the parametric fit"
+        )
     if pixelized:
         power_stage = args.power_law and not args.band and as_power_law(model) is not None
         name = "constant" if args.regularization is None else args.regularization
