@@ -86,3 +86,21 @@ def test_a_candidate_far_above_is_not_refitted():
         objective, chosen, [far], free=free, candidates_reference=float(far.value)
     )
     assert len(rivals) == 1 and result.result == RESULTS.ambiguous
+
+
+def test_a_later_stage_keeps_the_rivals_of_the_fit_it_started_from():
+    """The pixelized chain starts from `fit_lens`'s chosen minimum: the rivals that fit
+    found stay named in the chain's result (`with_earlier_rivals`), its status ambiguous."""
+    objective = _objective()
+    chosen, free = _fit(objective, 0.97)
+    rival, _ = _fit(objective, 1.33)
+    earlier, _ = el.solve.with_rival_minima(objective, chosen, [rival], free=free)
+    later = el.solve.with_earlier_rivals(chosen, earlier, "parametric fit")
+    assert later.result == RESULTS.ambiguous and not later.success
+    assert later.message().startswith("ambiguous: parametric fit: a rival minimum fits as well")
+    assert "started from its chosen minimum only" in later.message()
+    # no rivals earlier: nothing changes; an unsuccessful later fit keeps its status
+    assert el.solve.with_earlier_rivals(chosen, chosen, "parametric fit") is chosen
+    stopped = dataclasses.replace(chosen, result=RESULTS.nonlinear_max_steps_reached)
+    kept = el.solve.with_earlier_rivals(stopped, earlier, "parametric fit")
+    assert kept.result == RESULTS.nonlinear_max_steps_reached and len(kept.notes) == 1

@@ -45,7 +45,7 @@ def run_fit(
     import numpy as np
 
     from ..plot import plot_fit, plot_reconstruction
-    from ..solve import fit_lens, fit_to_arcs, result_to_dict, write_json
+    from ..solve import fit_lens, fit_to_arcs, result_to_dict, with_earlier_rivals, write_json
 
     # pixelized: build (and so check) the mesh and regularization before any fitting
     default = mesh is None
@@ -106,6 +106,7 @@ def run_fit(
             k: summary[k] for k in ("reduced_chi2", "status", "arc_residuals", "components")
         }
         print(f"  pixelized source: {mesh} mesh, {regularization} regularization")
+        parametric = result
         result, inversion, stages, held = _pixelized_stage(
             imaging,
             result,
@@ -118,6 +119,8 @@ def run_fit(
             progress,
             power_law,
         )
+        # rival minima of the parametric fit stay named: the chain explored one of them
+        result = with_earlier_rivals(result, parametric, "parametric fit")
         if held is not None:
             extra["positions"] = np.asarray(held).tolist()
         extra["stages"] = stages

@@ -60,6 +60,7 @@ from ._result import RESULTS as RESULTS, FitResult as FitResult
 from ._rivals import (
     RIVAL_THETA_E as RIVAL_THETA_E,
     RIVAL_TOLERANCE as RIVAL_TOLERANCE,
+    with_earlier_rivals as with_earlier_rivals,
     with_rival_minima as with_rival_minima,
 )
 from ._sample import (

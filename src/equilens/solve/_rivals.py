@@ -22,6 +22,8 @@ RIVAL_TOLERANCE = 5.0
 RIVAL_THETA_E = 0.01
 #: At most this many candidates are refined (each one fit of the last stage).
 MAX_RIVALS = 2
+#: How a rival minimum's note in `FitResult.notes` begins.
+RIVAL_NOTE = "a rival minimum fits as well"
 
 
 def _theta_e(model: Any) -> float:
@@ -117,7 +119,7 @@ def with_rival_minima(
     if not rivals:
         return chosen, ()
     notes = tuple(
-        f"a rival minimum fits as well: theta_E {_theta_e(e.model):.4f} against "
+        f"{RIVAL_NOTE}: theta_E {_theta_e(e.model):.4f} against "
         f"{theta:.4f} (objective {float(e.value) - reference:+.2f}, within "
         f"{RIVAL_TOLERANCE:g}): the data do not decide between them"
         for e in rivals
@@ -126,3 +128,21 @@ def with_rival_minima(
         say(f"    {note}")
     code = RESULTS.ambiguous if chosen.success else chosen.result
     return dataclasses.replace(chosen, result=code, notes=(*chosen.notes, *notes)), rivals
+
+
+def with_earlier_rivals(result: FitResult, earlier: FitResult, stage: str) -> FitResult:
+    """`result`, a later fit started from `earlier`'s minimum (e.g. the pixelized chain
+    from `fit_lens`), with the rival minima `earlier` found (`with_rival_minima`) named in
+    its notes, prefixed by `stage` (the earlier fit's name): the later fit explored the
+    chosen minimum only, so the choice between them is still not made by the data, and a
+    successful status becomes `RESULTS.ambiguous`. `result` unchanged when `earlier` had
+    no rivals."""
+    notes = tuple(
+        f"{stage}: {n} (the later stages started from its chosen minimum only)"
+        for n in earlier.notes
+        if n.startswith(RIVAL_NOTE)
+    )
+    if not notes:
+        return result
+    code = RESULTS.ambiguous if result.success else result.result
+    return dataclasses.replace(result, result=code, notes=(*result.notes, *notes))
