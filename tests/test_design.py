@@ -94,7 +94,7 @@ def test_no_super_calls_or_hasattr_in_library():
 #: diagnostics (frozen dataclasses of Python numbers and NumPy arrays, never traced) and
 #: the status enumeration (optimistix's), and a parameter's domain (an interval, a
 #: NamedTuple of Python numbers).
-NOT_MODULES = {"ArcResiduals", "LightMoments", "Search", "RESULTS", "Domain"}
+NOT_MODULES = {"ArcResiduals", "LightMoments", "MaskGrowth", "Search", "RESULTS", "Domain"}
 
 
 def test_public_classes_are_equinox_modules():
