@@ -16,6 +16,7 @@ from ._fit import fit
 from ._pipeline import _image, _positions_term, lens_bounds
 from ._residuals import ARC_DETECTION, matched_filter, with_arc_check
 from ._result import FitResult
+from ._rivals import with_earlier_rivals
 from ._solvers import SolverLike
 from ._start import light_moments
 
@@ -121,7 +122,8 @@ def fit_to_arcs(
     `GROW_ROUNDS` times). Each refit starts
     at the previous one, everything free, within `fit_lens`'s `lens_bounds` for the
     grown mask's radius, with the same likelihood (non-negative amplitudes) and
-    `positions` term, and is checked for arcs left (`with_arc_check`). A user's hand-drawn
+    `positions` term, and is checked for arcs left (`with_arc_check`); rival minima that
+    `result` named (`with_rival_minima`) stay named (`with_earlier_rivals`). A user's hand-drawn
     circle often cuts an arc: the part left out still constrains the mass and the source.
 
     Returns the last fit, its data (the grown mask, cropped) and each round's
@@ -159,6 +161,8 @@ def fit_to_arcs(
             f"  refit on the grown mask: reduced chi2 {float(r.reduced_chi2):.3f}, "
             f"{r.message()} ({float(r.wall_time):.1f} s)"
         )
+    if r is not result:  # its rival minima, if any, stay named
+        r = with_earlier_rivals(r, result, "the fit on the mask as given")
     return r, imaging, rounds
 
 
