@@ -119,11 +119,11 @@ def fit_to_arcs(
     """`result` (a `fit_lens` result on `imaging`) fitted again on its mask grown to the
     arcs (`grow_mask` within `region`, the whole image's usable pixels, on the same sky
     grid as `imaging`, which may be cropped from it), as often as the mask grows (at most
-    `GROW_ROUNDS` times). Each refit starts
-    at the previous one, everything free, within `fit_lens`'s `lens_bounds` for the
-    grown mask's radius, with the same likelihood (non-negative amplitudes) and
-    `positions` term, and is checked for arcs left (`with_arc_check`); rival minima that
-    `result` named (`with_rival_minima`) stay named (`with_earlier_rivals`). A user's hand-drawn
+    `GROW_ROUNDS` times). Each refit starts at the previous one, everything free, within
+    `fit_lens`'s `lens_bounds` for the radius of the mask as given (those `result` was
+    fitted within), with the same likelihood (non-negative amplitudes) and `positions`
+    term, and is checked for arcs left (`with_arc_check`); rival minima that `result`
+    named (`with_rival_minima`) stay named (`with_earlier_rivals`). A user's hand-drawn
     circle often cuts an arc: the part left out still constrains the mass and the source.
 
     Returns the last fit, its data (the grown mask, cropped) and each round's
@@ -134,6 +134,8 @@ def fit_to_arcs(
             f"region pixel scale {region.pixel_scale} differs from the data's {imaging.pixel_scale}"
         )
     mask = _on_region(region, imaging)
+    # the bounds `result` was fitted within (those of the mask as given): its start holds
+    radius = light_moments(imaging).mask_radius
     rounds: list[MaskGrowth] = []
     r = result
     for _ in range(GROW_ROUNDS):
@@ -151,7 +153,7 @@ def fit_to_arcs(
             Objective(terms),
             r.model,
             solver,
-            bounds=lens_bounds(r.model, light_moments(imaging).mask_radius),
+            bounds=lens_bounds(r.model, radius),
             max_steps=max_steps,
             throw=False,
             progress=progress,
