@@ -18,6 +18,7 @@ from . import (
     regularization as regularization,
     solve as solve,
     source as source,
+    subhalo as subhalo,
     substructure as substructure,
     terms as terms,
 )
@@ -78,6 +79,7 @@ from .source import (
     PixelizedSource as PixelizedSource,
     RectangularMesh as RectangularMesh,
 )
+from .subhalo import Subhalo as Subhalo, SubhaloScan as SubhaloScan, subhalo_scan as subhalo_scan
 from .terms import (
     GaussianLikelihood as GaussianLikelihood,
     GaussianPrior as GaussianPrior,

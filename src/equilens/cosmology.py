@@ -24,6 +24,7 @@ from astropy.constants import (
     c as SPEED_OF_LIGHT,  # pyright: ignore
 )
 
+from ._checks import is_traced
 from .mass import NFW, TNFW, AbstractMassProfile, PseudoJaffe
 from .mass._multiplane import angular_diameter_distance
 
@@ -44,9 +45,12 @@ class LensCosmology(eqx.Module):
     - `nfw(m200, c)`, `tnfw(m200, c, r_trunc_kpc)`: the profiles of a halo of mass `m200`
       (Msun) and concentration `c` (`TNFW`: truncated at `r_trunc_kpc`, physical kpc);
       `nfw_mass(profile)`: `(m200, c)` of an `NFW` or `TNFW`'s parameters (the inverse);
+      `nfw_angles(m200, c)`: the `(Rs, alpha_Rs)` those profiles take (traceable);
     - `pseudo_jaffe(mass, Ra, Rs)`: the `PseudoJaffe` of total mass `mass` (Msun) with radii
       `Ra`, `Rs` (arcsec); `mass_within(profile, radius)`: any profile's projected mass (Msun)
       inside a circle of `radius` arcsec about `center` (default the profile's centre).
+
+    `h` is the cosmology's `H0 / (100 km/s/Mpc)` (for relations quoted in `Msun / h`).
     """
 
     z_lens: float = eqx.field(static=True)
@@ -56,6 +60,7 @@ class LensCosmology(eqx.Module):
     d_ds: float = eqx.field(static=True)
     rho_crit: float = eqx.field(static=True)
     sigma_crit: float = eqx.field(static=True)
+    h: float = eqx.field(static=True)
 
     def __init__(self, z_lens: float, z_source: float, cosmology: Any = None):
         if not 0.0 < float(z_lens) < float(z_source):
@@ -71,6 +76,7 @@ class LensCosmology(eqx.Module):
         self.d_ds = angular_diameter_distance(cosmology, self.z_lens, self.z_source)
         rho = cosmology.critical_density(z_lens).to(units.Msun / units.Mpc**3)
         self.rho_crit = float(rho.value)
+        self.h = float(cosmology.H0.to_value(units.km / units.s / units.Mpc)) / 100.0
         # c^2 / (4 pi G) in Msun / Mpc, times D_s / (D_d D_ds): Msun / Mpc^2, then per
         # arcsec^2 at the lens
         factor = SPEED_OF_LIGHT**2 / (4 * math.pi * GRAVITATIONAL_CONSTANT)
@@ -82,12 +88,16 @@ class LensCosmology(eqx.Module):
         """Physical kpc per arcsec at the lens."""
         return 1e3 * self.d_d * _ARCSEC
 
-    def _nfw_angles(self, m200: float, c: float) -> tuple[float, float]:
-        if not (float(m200) > 0 and float(c) > 0):
-            raise ValueError(f"m200 and c must be > 0, got m200={m200}, c={c}")
-        r200 = (3.0 * float(m200) / (800.0 * math.pi * self.rho_crit)) ** (1.0 / 3.0)
-        rs = r200 / float(c)  # Mpc
-        rho0 = 200.0 / 3.0 * self.rho_crit * float(c) ** 3 / _mu(float(c))  # Msun / Mpc^3
+    def nfw_angles(self, m200: Any, c: Any) -> tuple[Any, Any]:
+        """`(Rs, alpha_Rs)` (arcsec) of the NFW of mass `m200` (Msun) and concentration `c`;
+        traceable (arrays in, arrays out: what a fit that varies the mass differentiates)."""
+        if not is_traced(m200) and not is_traced(c):
+            if not (float(m200) > 0 and float(c) > 0):
+                raise ValueError(f"m200 and c must be > 0, got m200={m200}, c={c}")
+        r200 = (3.0 * m200 / (800.0 * math.pi * self.rho_crit)) ** (1.0 / 3.0)
+        rs = r200 / c  # Mpc
+        mu = jnp.log1p(c) - c / (1.0 + c)
+        rho0 = 200.0 / 3.0 * self.rho_crit * c**3 / mu  # Msun / Mpc^3
         # the deflection at Rs of the NFW: 4 rho0 Rs^2 (1 + ln 1/2) / Sigma_crit, in Mpc at
         # the lens, over D_d
         sigma_crit_mpc = self.sigma_crit / (self.d_d * _ARCSEC) ** 2
@@ -96,7 +106,7 @@ class LensCosmology(eqx.Module):
 
     def nfw(self, m200: float, c: float, center_x: float = 0.0, center_y: float = 0.0) -> NFW:
         """The `NFW` of a halo of mass `m200` (Msun) and concentration `c`."""
-        rs, alpha_rs = self._nfw_angles(m200, c)
+        rs, alpha_rs = (float(v) for v in self.nfw_angles(float(m200), float(c)))
         return NFW(Rs=rs, alpha_Rs=alpha_rs, center_x=center_x, center_y=center_y)
 
     def tnfw(
@@ -111,7 +121,7 @@ class LensCosmology(eqx.Module):
         concentration `c`, truncated at `r_trunc_kpc` (physical kpc)."""
         if not float(r_trunc_kpc) > 0:
             raise ValueError(f"r_trunc_kpc must be > 0, got {r_trunc_kpc}")
-        rs, alpha_rs = self._nfw_angles(m200, c)
+        rs, alpha_rs = (float(v) for v in self.nfw_angles(float(m200), float(c)))
         r_trunc = float(r_trunc_kpc) / self.kpc_per_arcsec()
         return TNFW(Rs=rs, alpha_Rs=alpha_rs, r_trunc=r_trunc, center_x=center_x, center_y=center_y)
 

@@ -3,7 +3,8 @@ objectives: a loop of compiled fits on a CPU, vmapped on an accelerator, `batch_
 `search` (a global first stage: many starts screened, the best refined),
 `FitResult` and its `RESULTS` codes, `sample` (NUTS posterior draws, a `Posterior`),
 `nested_sample` (nautilus: weighted points and the evidence, a `NestedPosterior`),
-plausibility checks, the mask grown to the arcs (`fit_to_arcs`), saving and loading."""
+plausibility checks, the mask grown to the arcs (`fit_to_arcs`), the Laplace
+evidence (`laplace_evidence`), saving and loading."""
 
 from ._batch import (
     MultiStart as MultiStart,
@@ -23,6 +24,10 @@ from ._io import (
     result_to_dict as result_to_dict,
     save as save,
     write_json as write_json,
+)
+from ._laplace import (
+    LaplaceEvidence as LaplaceEvidence,
+    laplace_evidence as laplace_evidence,
 )
 from ._mask import (
     MaskGrowth as MaskGrowth,

@@ -1,0 +1,17 @@
+"""Subhalo detection: `subhalo_scan` (a grid of cells over the arcs, each the smooth model
+plus a `Subhalo` confined to it, compared with the smooth model by the evidence), the
+`Subhalo` perturber (a TNFW or pseudo-Jaffe of a given mass in a cell) and the scan's
+result, `SubhaloScan`."""
+
+from ._grid import scan_cells as scan_cells
+from ._profile import (
+    MASS_RANGE as MASS_RANGE,
+    PSEUDO_JAFFE_CORE as PSEUDO_JAFFE_CORE,
+    Subhalo as Subhalo,
+    duffy_concentration as duffy_concentration,
+)
+from ._scan import (
+    SubhaloScan as SubhaloScan,
+    subhalo_scan as subhalo_scan,
+    with_subhalo as with_subhalo,
+)

@@ -1,0 +1,464 @@
+"""`subhalo_scan`: the search for a dark subhalo by Bayesian model comparison, cell by cell
+over the arcs (Vegetti et al. 2010; PyAutoLens's grid search).
+
+For each cell of a grid over the mask, the smooth model plus a `Subhalo` confined to the
+cell (its mass log-uniform over its bounds) is fitted (the macro model refitted with it),
+and its evidence is compared with the smooth model's: `Delta log E = log E(cell) - log
+E(smooth)`, each by the Laplace approximation over every free parameter
+(`equilens.solve.laplace_evidence`; with a pixelized source the objective is already the
+source-marginalised `LogEvidence`). The cells are one compiled fit with other values (the
+cell is a fixed field of the `Subhalo`, its bounds fixed in cell units), fitted one after
+another; a scan given `checkpoint=` writes each cell as it finishes and, run again,
+resumes from the cells written.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from jaxtyping import Float, PyTree
+
+from .._lens_system import LensSystem
+from ..cosmology import LensCosmology
+from ..mass import MassSum, MultiPlane
+from ..objective import Objective
+from ..objective._params import Bounds, Where
+from ..solve import RESULTS, FitResult, fit
+from ..solve._laplace import LaplaceEvidence, LogisticPrior, laplace_evidence
+from ..solve._parametrise import parametrisation
+from ._grid import scan_cells
+from ._profile import MASS_RANGE, Subhalo, SubhaloKind
+
+#: The checkpoint's format version (a file of another version is not resumed from).
+CHECKPOINT_FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SubhaloScan:
+    """The outcome of `subhalo_scan`.
+
+    - `centres` (`(n, 2)`, arcsec) and `half` (arcsec): the cells;
+    - `log_evidence` (`(n,)`): each cell's Laplace log-evidence (NaN where its fit
+      failed); `delta_log_evidence`: minus the smooth model's, `smooth_log_evidence`;
+    - `status` (`(n,)` strings: "successful" or why not), `fits` (each cell's fitted
+      model, with the subhalo as the mass's last component; None where it failed);
+    - `best_index` (the cell of the largest `delta_log_evidence`); `best`: that cell's
+      subhalo (`center_x`, `center_y` arcsec, `log10_mass`, `mass` Msun, its 1-sigma
+      errors from the Laplace covariance, `mass_within_1kpc` Msun, `kind`,
+      `delta_log_evidence`) as a dict;
+    - `delta_log_evidence_grid`: the log-evidence of "a subhalo anywhere on the grid"
+      (every cell equally likely: `logsumexp(log E) - log n`) minus the smooth one's;
+    - `smooth`: the smooth model; `cosmology`; `wall_time` (s, this run's); `resumed`
+      (cells read from the checkpoint).
+    """
+
+    centres: np.ndarray
+    half: float
+    log_evidence: np.ndarray
+    delta_log_evidence: np.ndarray
+    smooth_log_evidence: float
+    status: tuple[str, ...]
+    fits: tuple[Any, ...]
+    best_index: int
+    best: dict[str, Any]
+    delta_log_evidence_grid: float
+    smooth: Any
+    cosmology: LensCosmology
+    wall_time: float
+    resumed: int
+
+    @property
+    def failed(self) -> int:
+        """The number of cells whose fit or evidence failed."""
+        return sum(s != "successful" for s in self.status)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary (positions in arcsec in the data's frame: x grows with the
+        column index, y with the row index, the origin at the image centre unless the
+        grid says otherwise; masses in Msun)."""
+        return {
+            "best": self.best,
+            "smooth_log_evidence": self.smooth_log_evidence,
+            "delta_log_evidence_grid": self.delta_log_evidence_grid,
+            "z_lens": self.cosmology.z_lens,
+            "z_source": self.cosmology.z_source,
+            "cell_half_width": self.half,
+            "cells": [
+                {
+                    "center_x": float(c[0]),
+                    "center_y": float(c[1]),
+                    "log_evidence": _finite_or_none(le),
+                    "delta_log_evidence": _finite_or_none(d),
+                    "status": s,
+                }
+                for c, le, d, s in zip(
+                    self.centres,
+                    self.log_evidence,
+                    self.delta_log_evidence,
+                    self.status,
+                    strict=True,
+                )
+            ],
+            "failed_cells": self.failed,
+            "wall_time": self.wall_time,
+            "resumed_cells": self.resumed,
+        }
+
+
+def _finite_or_none(v: float) -> float | None:
+    return float(v) if math.isfinite(float(v)) else None
+
+
+def with_subhalo(model: LensSystem, subhalo: Subhalo) -> LensSystem:
+    """`model` with `subhalo` added as the last component of its mass (a `MassSum`)."""
+    mass = model.mass
+    if isinstance(mass, MultiPlane):
+        raise TypeError("subhalo_scan takes a single-plane mass model, not a MultiPlane")
+    comps = mass.components if isinstance(mass, MassSum) else (mass,)
+    return eqx.tree_at(lambda s: s.mass, model, MassSum((*comps, subhalo)))
+
+
+def _as_sum(model: LensSystem) -> LensSystem:
+    """`model` with its mass a `MassSum` (the same lens): the smooth and subhalo models then
+    share the paths of their common parameters."""
+    if isinstance(model.mass, MassSum):
+        return model
+    return eqx.tree_at(lambda s: s.mass, model, MassSum((model.mass,)))
+
+
+def _free_with_subhalo(
+    objective: Objective,
+    smooth: LensSystem,
+    free: Any,
+    bounds: Mapping[Where, Bounds] | None,
+    model: LensSystem,
+) -> PyTree[bool]:
+    """The free leaves of the subhalo model: the smooth model's, and the subhalo's."""
+    param = parametrisation(objective, smooth, free, bounds, check=False)
+    flags = dict(zip(param.leaf_paths, param.free, strict=True))
+    prefix = f".mass.components[{len(model.mass.components) - 1}]"  # pyright: ignore[reportAttributeAccessIssue]
+    own = tuple(prefix + name for name in (".log10_mass", ".u", ".v"))
+    leaves = []
+    for p, _ in jtu.tree_flatten_with_path(model)[0]:
+        key = jtu.keystr(p)
+        leaves.append(key in own if key.startswith(prefix + ".") else flags.get(key, False))
+    return jtu.tree_unflatten(jtu.tree_structure(model), leaves)
+
+
+def subhalo_scan(
+    objective: Objective,
+    smooth: LensSystem | FitResult,
+    cosmology: LensCosmology,
+    *,
+    grid: int | Float[np.ndarray, "cells 2"] = 5,
+    half: float | None = None,
+    kind: SubhaloKind = "tnfw",
+    mass_range: tuple[float, float] = MASS_RANGE,
+    start_log10_mass: float = 9.0,
+    host_theta_E: float | None = None,
+    free: PyTree[bool] | Callable[[Any], bool] | None = None,
+    bounds: Mapping[Where, Bounds] | None = None,
+    solver: str | None = None,
+    max_steps: int = 500,
+    checkpoint: str | os.PathLike | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> SubhaloScan:
+    """Scans a grid of cells for a subhalo (module docstring): each cell's fit of the smooth
+    model plus a `Subhalo` confined to it, ranked by the evidence against the smooth model.
+
+    **Arguments:**
+
+    - `objective`: the fit's objective (a `GaussianLikelihood` for a parametric source, a
+      `LogEvidence` for a pixelized one, priors beside); its first imaging term's mask
+      sets the default grid.
+    - `smooth`: the fitted smooth model (or its `FitResult`); its mass must be one plane
+      (a profile or a `MassSum`).
+    - `cosmology`: the lens's `LensCosmology` (redshifts: the subhalo's mass scale).
+    - `grid`: `n` for an `n` x `n` grid over the mask (cells holding no masked pixel
+      dropped: `scan_cells`), or an `(m, 2)` array of cell centres (arcsec) with `half`
+      their half-width.
+    - `kind`: the subhalo's profile, `"tnfw"` or `"pseudo_jaffe"` (`Subhalo`);
+      `mass_range`: its `log10_mass` bounds (log10 Msun, the log-uniform prior; default
+      `MASS_RANGE`, 1e6-1e11); `start_log10_mass`: each cell fit's start;
+      `host_theta_E`: the host's Einstein radius (arcsec) for the subhalo's truncation,
+      default the smooth model's first mass component's `theta_E`.
+    - `free`, `bounds`: the smooth model's free parameters and their bounds (as in
+      `equilens.fit`; the subhalo's `log10_mass`, `u` and `v` are added); the same for
+      both models, so their shared priors cancel in the comparison. `bounds` `where`
+      functions see the model with its mass as a `MassSum`.
+    - `solver`: default `"lm"` for a least-squares objective, else `"bfgs"`;
+      `max_steps` per cell.
+    - `checkpoint`: a JSON-lines file each finished cell is appended to; a scan run again
+      with the same file and set-up skips the cells it holds (a file from another set-up
+      is a `ValueError`).
+    - `progress`: a progress bar over the cells; `log`: a function for one line per cell.
+
+    Returns a `SubhaloScan`. A cell whose fit fails is recorded as failed (NaN evidence),
+    never raised; the smooth model's evidence failing raises `RuntimeError`."""
+    t0 = time.perf_counter()
+    if isinstance(smooth, FitResult):
+        smooth = smooth.model
+    if not isinstance(smooth, LensSystem):
+        raise TypeError(f"subhalo_scan needs a LensSystem, got {type(smooth).__name__}")
+    lo, hi = (float(v) for v in mass_range)
+    if not lo < hi:
+        raise ValueError(f"mass_range must have lower < upper (log10 Msun), got {mass_range}")
+    if not lo < float(start_log10_mass) < hi:
+        raise ValueError(f"start_log10_mass must be inside mass_range {mass_range}")
+    smooth = _as_sum(smooth)
+    if host_theta_E is None:
+        host_theta_E = float(getattr(smooth.mass.components[0], "theta_E", 1.0))  # pyright: ignore[reportAttributeAccessIssue]
+    if not float(host_theta_E) > 0:
+        raise ValueError(f"host_theta_E must be > 0 arcsec, got {host_theta_E}")
+    centres, half = _cells(objective, grid, half)
+    solver = solver or ("lm" if objective.least_squares else "bfgs")
+    dtype = jnp.result_type(float)
+    say = log or (lambda _: None)
+
+    template = with_subhalo(
+        smooth,
+        Subhalo(
+            log10_mass=jnp.asarray(start_log10_mass, dtype),
+            u=jnp.zeros((), dtype),
+            v=jnp.zeros((), dtype),
+            cell_x=jnp.asarray(centres[0, 0], dtype),
+            cell_y=jnp.asarray(centres[0, 1], dtype),
+            half=jnp.asarray(half, dtype),
+            host_theta_E=jnp.asarray(host_theta_E, dtype),
+            cosmology=cosmology,
+            kind=kind,
+        ),
+    )
+    n_comp = len(template.mass.components)  # pyright: ignore[reportAttributeAccessIssue]
+
+    def sub_where(s):
+        return s.mass.components[n_comp - 1].log10_mass
+
+    sub_bounds = {**(bounds or {}), sub_where: (lo, hi)}
+
+    def pick(name):
+        return lambda s: getattr(s.mass.components[n_comp - 1], name)
+
+    # the cell fits find the mode in the fit's coordinates of what the evidence integrates
+    # (LogisticPrior): a subhalo the data do not want stays finite there
+    priors = [LogisticPrior(sub_where, lo, hi), *(LogisticPrior(pick(c), -1.0, 1.0) for c in "uv")]
+    cell_objective = Objective(
+        [*objective.terms, *priors], jnp.concatenate([objective.weights, jnp.ones(3, dtype)])
+    )
+    sub_free = _free_with_subhalo(objective, smooth, free, bounds, template)
+
+    smooth_ev = laplace_evidence(objective, smooth, free=free, bounds=bounds)
+    if not math.isfinite(smooth_ev.log_evidence):
+        raise RuntimeError("subhalo_scan: the smooth model's evidence is not finite")
+    say(f"smooth model: log evidence {smooth_ev.log_evidence:.2f}")
+
+    header = {
+        "format": CHECKPOINT_FORMAT,
+        "kind": kind,
+        "mass_range": [lo, hi],
+        "half": half,
+        "centres": centres.tolist(),
+        "smooth_log_evidence": smooth_ev.log_evidence,
+    }
+    done = _read_checkpoint(checkpoint, header)
+    n = centres.shape[0]
+    log_e = np.full(n, np.nan)
+    status = ["not run"] * n
+    fits: list[Any] = [None] * n
+    param = parametrisation(objective, template, sub_free, sub_bounds)
+    _, unravel = ravel_pytree(param.values(template))
+    for i, rec in done.items():
+        log_e[i] = np.nan if rec["log_evidence"] is None else rec["log_evidence"]
+        status[i] = rec["status"]
+        if rec["values"] is not None:
+            values = unravel(jnp.asarray(rec["values"], dtype))
+            fits[i] = param.with_values(values, _in_cell(template, centres[i], dtype))
+    if checkpoint is not None and not done:
+        with open(checkpoint, "w") as f:
+            f.write(json.dumps({"header": header}) + "\n")
+
+    todo = [i for i in range(n) if i not in done]
+    bar = _bar(len(todo), progress)
+    for i in todo:
+        start = _in_cell(template, centres[i], dtype)
+        rec = _fit_cell(objective, cell_objective, start, solver, sub_free, sub_bounds, max_steps)
+        log_e[i], status[i], fits[i] = rec[0], rec[1], rec[2]
+        values = None if rec[2] is None else np.asarray(ravel_pytree(param.values(rec[2]))[0])
+        if checkpoint is not None:
+            line = {
+                "cell": i,
+                "log_evidence": _finite_or_none(log_e[i]),
+                "status": status[i],
+                "values": None if values is None else values.tolist(),
+            }
+            with open(checkpoint, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        delta = log_e[i] - smooth_ev.log_evidence
+        say(
+            f'cell {i + 1}/{n} at ({centres[i, 0]:+.2f}, {centres[i, 1]:+.2f})": '
+            f"Delta log E {delta:.2f} ({status[i]})"
+        )
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+
+    delta = log_e - smooth_ev.log_evidence
+    ok = np.isfinite(delta)
+    if ok.any():
+        best_index = int(np.nanargmax(np.where(ok, delta, -np.inf)))
+        m = np.max(log_e[ok])
+        grid_log_e = m + math.log(np.sum(np.exp(log_e[ok] - m)) / n)
+    else:
+        best_index, grid_log_e = 0, math.nan
+    best = _best(objective, fits[best_index], sub_free, sub_bounds, cosmology, kind)
+    best["delta_log_evidence"] = _finite_or_none(delta[best_index])
+    best["cell"] = best_index
+    return SubhaloScan(
+        centres=centres,
+        half=half,
+        log_evidence=log_e,
+        delta_log_evidence=delta,
+        smooth_log_evidence=smooth_ev.log_evidence,
+        status=tuple(status),
+        fits=tuple(fits),
+        best_index=best_index,
+        best=best,
+        delta_log_evidence_grid=grid_log_e - smooth_ev.log_evidence,
+        smooth=smooth_ev.model,
+        cosmology=cosmology,
+        wall_time=time.perf_counter() - t0,
+        resumed=len(done),
+    )
+
+
+def _cells(objective: Objective, grid: Any, half: float | None) -> tuple[np.ndarray, float]:
+    if isinstance(grid, int):
+        terms = objective.imaging_terms()
+        if not terms:
+            raise ValueError("subhalo_scan: the objective has no imaging term to lay a grid on")
+        im = terms[0].imaging
+        x, y = (np.asarray(a) for a in im.grid.coordinates())
+        return scan_cells(x, y, np.asarray(im.mask), grid, im.pixel_scale)
+    centres = np.asarray(grid, np.float64)
+    if centres.ndim != 2 or centres.shape[1] != 2 or centres.shape[0] < 1:
+        raise ValueError(f"grid must be an int or an (m, 2) array of centres, got {centres.shape}")
+    if half is None or not float(half) > 0:
+        raise ValueError("a grid of centres needs half (the cells' half-width, arcsec) > 0")
+    return centres, float(half)
+
+
+def _in_cell(template: LensSystem, centre: np.ndarray, dtype: Any) -> LensSystem:
+    n = len(template.mass.components)  # pyright: ignore[reportAttributeAccessIssue]
+    return eqx.tree_at(
+        lambda s: (s.mass.components[n - 1].cell_x, s.mass.components[n - 1].cell_y),
+        template,
+        (jnp.asarray(centre[0], dtype), jnp.asarray(centre[1], dtype)),
+    )
+
+
+def _fit_cell(
+    objective: Objective,
+    cell_objective: Objective,
+    start: LensSystem,
+    solver: str,
+    free: Any,
+    bounds: Mapping[Where, Bounds],
+    max_steps: int,
+) -> tuple[float, str, Any]:
+    """One cell: the fit (of `cell_objective`: `objective` and the subhalo's priors in the
+    fit's coordinates), then its Laplace evidence; `(log E, status, model)`."""
+    r = fit(
+        cell_objective,
+        start,
+        solver,
+        free=free,
+        bounds=bounds,
+        max_steps=max_steps,
+        throw=False,
+        covariance=False,
+    )
+    if r.result != RESULTS.successful and r.result != RESULTS.implausible:
+        return math.nan, r.message(), None
+    try:
+        ev = laplace_evidence(objective, r.model, free=free, bounds=bounds)
+    except ValueError as e:
+        return math.nan, f"evidence failed: {e}", None
+    return ev.log_evidence, "successful", ev.model
+
+
+def _best(
+    objective: Objective,
+    model: Any,
+    free: Any,
+    bounds: Mapping[Where, Bounds],
+    cosmology: LensCosmology,
+    kind: str,
+) -> dict[str, Any]:
+    """The best cell's subhalo as a JSON-ready dict, errors from its Laplace covariance."""
+    if model is None:
+        return {"kind": kind}
+    sub: Subhalo = model.mass.components[-1]
+    ev: LaplaceEvidence = laplace_evidence(
+        objective, model, free=free, bounds=bounds, newton_steps=0
+    )
+    n = len(model.mass.components) - 1
+    prefix = f"mass.components[{n}]."
+    sigma = {
+        name[len(prefix) :]: math.sqrt(max(float(ev.covariance[k, k]), 0.0))
+        for k, name in enumerate(ev.names)
+        if name.startswith(prefix)
+    }
+    x, y = (float(c) for c in sub.center)
+    log_m = float(sub.log10_mass)
+    return {
+        "kind": kind,
+        "center_x": x,
+        "center_y": y,
+        "center_x_error": float(sub.half) * sigma.get("u", math.nan),
+        "center_y_error": float(sub.half) * sigma.get("v", math.nan),
+        "log10_mass": log_m,
+        "log10_mass_error": sigma.get("log10_mass", math.nan),
+        "mass": 10.0**log_m,
+        "mass_definition": "M200 (untruncated NFW)" if kind == "tnfw" else "total mass",
+        "mass_within_1kpc": sub.mass_within(1.0),
+    }
+
+
+def _bar(total: int, show: bool) -> Any:
+    if not show or total == 0:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="subhalo scan", unit="cell")
+
+
+def _read_checkpoint(path: Any, header: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The cells a checkpoint holds (`{}` without one); `ValueError` for another set-up's."""
+    if path is None or not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    if not lines or "header" not in lines[0]:
+        raise ValueError(f"{path} is not a subhalo scan checkpoint")
+    old = lines[0]["header"]
+    for key in ("format", "kind", "mass_range", "centres"):
+        if old.get(key) != header[key]:
+            raise ValueError(
+                f"{path} holds a scan with another {key}: remove it or pass another checkpoint"
+            )
+    if not np.isclose(old["half"], header["half"]) or not np.isclose(
+        old["smooth_log_evidence"], header["smooth_log_evidence"], rtol=0, atol=1e-6
+    ):
+        raise ValueError(f"{path} holds a scan of another smooth model or cell size")
+    return {int(rec["cell"]): rec for rec in lines[1:]}
