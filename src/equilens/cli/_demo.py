@@ -45,3 +45,37 @@ def run_demo(output: str, solver: str = "lm", partial: Partial | None = None) ->
         partial=partial,
     )
     return out
+
+
+#: The Jackpot's redshifts (Bolton et al. 2008; Gavazzi et al. 2008).
+JACKPOT_Z_LENS, JACKPOT_Z_SOURCE = 0.222, 0.609
+
+
+def run_demo_subhalo(output: str, partial: Partial | None = None) -> dict[str, str]:
+    """Scans the shipped HST image of SDSS J0946+1006 for a subhalo (`equilens subhalo`
+    with a pixelized source and Vegetti et al. 2010's pseudo-Jaffe, 5x5 cells); writes
+    `subhalo.json` and `subhalo.png` in `output`."""
+    from ._subhalo import run_subhalo
+
+    return run_subhalo(
+        demo_imaging(),
+        os.path.join(output, "subhalo.json"),
+        JACKPOT_Z_LENS,
+        JACKPOT_Z_SOURCE,
+        source="pixelized",
+        kind="pseudo_jaffe",
+        grid=5,
+        partial=partial,
+        title="SDSS J0946+1006 (HST F814W): subhalo scan, pseudo-Jaffe, pixelized source",
+        extra={
+            "data": "SDSS J0946+1006, HST ACS F814W (see equilens/_data/SDSSJ0946+1006)",
+            "published": {
+                "reference": "Vegetti et al. 2010 (arXiv:0910.0760)",
+                "center": [-0.651, 1.040],
+                "center_error": [0.038, 0.034],
+                "mass": 3.51e9,
+                "mass_error": 0.15e9,
+                "delta_log_evidence": 128.0,
+            },
+        },
+    )

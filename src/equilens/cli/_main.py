@@ -6,11 +6,15 @@ import sys
 
 from ._check import _check_model, _check_numbers, _check_solver, _lens_light
 from ._data import _bands, _grow_region, _imaging, _positions
-from ._demo import run_demo
+from ._demo import run_demo, run_demo_subhalo
 from ._fit import run_fit, run_fit_multiband
 from ._partial import Partial
 from ._sample import run_sample
 from ._source import REGULARIZATIONS
+from ._subhalo import run_subhalo
+
+#: The most cells per side of `equilens subhalo --grid`.
+MAX_GRID = 20
 
 
 def _data_options(parser: argparse.ArgumentParser, what: str) -> None:
@@ -83,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="fit the shipped HST image of SDSS J0946+1006")
     demo.add_argument("--output", default="equilens_demo", help="output folder")
     demo.add_argument("--solver", default="lm", help="solver name (lm, bfgs, lbfgs, adam)")
+    demo.add_argument(
+        "--subhalo",
+        action="store_true",
+        help="scan the shipped lens for a subhalo instead (pixelized source, pseudo-Jaffe "
+        "subhalo as Vegetti et al. 2010, 5x5 cells; writes subhalo.json and subhalo.png)",
+    )
     fit = sub.add_parser("fit", help="fit a lens model to your own imaging data")
     _data_options(fit, "fit")
     fit.add_argument("--mass", default="sie+shear", help="mass profiles, '+'-joined")
@@ -204,6 +214,43 @@ def main(argv: list[str] | None = None) -> int:
     smp.add_argument(
         "--json", required=True, help="output JSON path (NetCDF draws, corner plot beside it)"
     )
+    shp = sub.add_parser(
+        "subhalo",
+        help="fit the smooth model, then scan a grid of cells over the arcs for a subhalo",
+        description="Fits the smooth lens model as `equilens fit` does, then each cell of a "
+        "grid over the mask with a subhalo confined to it (its mass log-uniform over "
+        "1e6-1e11 Msun), the macro model refitted, and compares each with the smooth model "
+        "by the Bayesian evidence (Laplace approximation; a pixelized source marginalised). "
+        "Writes OUT.json (the best subhalo: centre in arcsec, x along the image's columns, "
+        "y along its rows; mass within 1 kpc in Msun; Delta log-evidence; every cell's), "
+        "OUT.png and OUT_cells.jsonl (each cell as it finishes: a rerun resumes from it).",
+    )
+    _data_options(shp, "scan")
+    shp.add_argument("--z-lens", type=float, required=True, help="lens redshift")
+    shp.add_argument("--z-source", type=float, required=True, help="source redshift")
+    shp.add_argument("--grid", type=int, default=5, help="N: an N x N grid of cells (default 5)")
+    shp.add_argument(
+        "--kind",
+        default="tnfw",
+        choices=["tnfw", "pseudo_jaffe"],
+        help="subhalo profile: tnfw (default; mass M200, Duffy et al. 2008 concentration) or "
+        "pseudo_jaffe (total mass, Vegetti et al. 2010)",
+    )
+    shp.add_argument("--mass", default="sie+shear", help="mass profiles, '+'-joined")
+    shp.add_argument("--lens-light", default="mge", help="lens light profiles, or none")
+    shp.add_argument(
+        "--source",
+        default="pixelized",
+        help="pixelized (default) or sersic (a parametric source leaves residuals a "
+        "subhalo absorbs: false detections)",
+    )
+    shp.add_argument("--mesh", help="pixelized source mesh (as `equilens fit --mesh`)")
+    shp.add_argument("--regularization", help="pixelized source regularization")
+    shp.add_argument("--regularization-strength", type=float, default=None)
+    shp.add_argument("--supersampling", type=int, default=1, help="sub-pixels per pixel side")
+    shp.add_argument("--solver", default="lm", help="solver of the parametric fit")
+    shp.add_argument("--max-steps", type=int, default=None, help="solver steps per fit")
+    shp.add_argument("--json", required=True, help="output JSON path (PNG written beside it)")
     args = parser.parse_args(argv)
     if args.command != "demo":
         args.source = args.source.strip().lower()
@@ -212,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
 
     jax.config.update("jax_enable_x64", True)
     if args.command == "demo":
-        partial = Partial(os.path.join(args.output, "demo.json"))
+        name = "subhalo.json" if args.subhalo else "demo.json"
+        partial = Partial(os.path.join(args.output, name))
     else:
         partial = Partial(args.json)
     try:
@@ -234,7 +282,11 @@ def _run(args, partial: Partial) -> int:
     try:
         if args.command == "demo":
             _check_solver(args.solver)
+            if args.subhalo:
+                return _exit(run_demo_subhalo(args.output, partial), "the subhalo scan")
             return _exit(run_demo(args.output, args.solver, partial))
+        if args.command == "subhalo":
+            return _exit(_subhalo(args, partial), "the subhalo scan")
         _check_numbers(args)
         positions = _positions(args.positions)
         if args.band:
@@ -313,10 +365,49 @@ def _run(args, partial: Partial) -> int:
     return _exit(out)
 
 
-def _exit(out: dict[str, str]) -> int:
+def _subhalo(args, partial: Partial) -> dict[str, str]:
+    """`equilens subhalo`: the options checked, the data read, the scan run."""
+    if args.band:
+        raise ValueError("equilens subhalo takes one image (IMAGE --noise-map --psf), not --band")
+    for option, value in (
+        ("IMAGE", args.image),
+        ("--noise-map", args.noise_map),
+        ("--psf", args.psf),
+        ("--pixel-scale", args.pixel_scale),
+    ):
+        if value is None:
+            raise ValueError(f"{option} is required")
+    if not 1 <= args.grid <= MAX_GRID:
+        raise ValueError(f"--grid must be between 1 and {MAX_GRID}, got {args.grid}")
+    args.positions = args.positions_sigma = None
+    args.power_law = False
+    args.fixed_mask = True
+    _check_numbers(args)
+    imaging = _imaging(args)
+    _check_model(args, imaging, None)
+    return run_subhalo(
+        imaging,
+        args.json,
+        args.z_lens,
+        args.z_source,
+        mass=args.mass,
+        lens_light=_lens_light(args),
+        source=args.source,
+        kind=args.kind,
+        grid=args.grid,
+        solver=args.solver,
+        max_steps=args.max_steps,
+        mesh=args.mesh,
+        regularization="constant" if args.regularization is None else args.regularization,
+        strength=args.regularization_strength,
+        partial=partial,
+    )
+
+
+def _exit(out: dict[str, str], what: str | None = None) -> int:
     if out["status"] != "successful":
         # the results are written for inspection, but a failed fit is not a success
-        what = "the sampling" if "netcdf" in out else "the fit"
+        what = what or ("the sampling" if "netcdf" in out else "the fit")
         print(f"equilens: {what} did not succeed: {out['status']}", file=sys.stderr)
         return 2
     return 0

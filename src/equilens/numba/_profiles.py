@@ -9,6 +9,7 @@ from ..light._shapelets import shapelet_indices
 from ..mass._nfw import CSE_A, CSE_S
 from ..source import PixelizedSource, RectilinearGeometry, TriangulationGeometry
 from ..source._geometry import EDGE_SLACK, barycentric_weights, locate_host
+from ..subhalo import Subhalo
 from . import _light_kernels as lk, _mass_kernels as mk
 from ._registry import (
     _ROWS,
@@ -73,6 +74,12 @@ def _elliptical_nfw(profile, x, y, what):
 def _multipole(profile, x, y, what):
     params = [scalar(profile, n) for n in _MULTIPOLE]
     return _run(mk.multipole, x, y, _ROWS[what], int(profile.m), *params, what)
+
+
+@register_mass(Subhalo)
+def _subhalo(profile, x, y, what):
+    # the TNFW or pseudo-Jaffe its mass and cell stand for, by that profile's kernel
+    return kernel_rows(profile.profile(), x, y, what)
 
 
 @register_mass(ms.MassSum)

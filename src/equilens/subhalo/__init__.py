@@ -1,8 +1,9 @@
 """Subhalo detection: `subhalo_scan` (a grid of cells over the arcs, each the smooth model
 plus a `Subhalo` confined to it, compared with the smooth model by the evidence), the
-`Subhalo` perturber (a TNFW or pseudo-Jaffe of a given mass in a cell) and the scan's
-result, `SubhaloScan`."""
+`Subhalo` perturber (a TNFW or pseudo-Jaffe of a given mass in a cell), the scan's
+result, `SubhaloScan`, and its figure, `plot_subhalo_scan`."""
 
+from ._figure import plot_subhalo_scan as plot_subhalo_scan
 from ._grid import scan_cells as scan_cells
 from ._profile import (
     MASS_RANGE as MASS_RANGE,

@@ -40,10 +40,10 @@ SubhaloKind = Literal["tnfw", "pseudo_jaffe"]
 _KINDS = ("tnfw", "pseudo_jaffe")
 
 
-def duffy_concentration(m200: FloatScalar, z: float, h: float) -> FloatScalar:
+def duffy_concentration(m200: float | FloatScalar, z: float, h: float) -> FloatScalar:
     """Duffy et al. (2008)'s concentration of an NFW halo of mass `m200` (Msun) at redshift
     `z` (their full sample, `M200` against the critical density), `h = H0 / 100`."""
-    return 5.71 * (m200 / (2e12 / h)) ** -0.084 * (1.0 + z) ** -0.47
+    return 5.71 * (jnp.asarray(m200) / (2e12 / h)) ** -0.084 * (1.0 + z) ** -0.47
 
 
 class Subhalo(AbstractMassProfile):
@@ -59,8 +59,12 @@ class Subhalo(AbstractMassProfile):
     """
 
     log10_mass: FloatScalar = eqx.field(converter=as_float, metadata=describe(bounds=MASS_RANGE))
-    u: FloatScalar = eqx.field(converter=as_float, default=0.0, metadata=describe(bounds=(-1, 1)))
-    v: FloatScalar = eqx.field(converter=as_float, default=0.0, metadata=describe(bounds=(-1, 1)))
+    u: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-1.0, 1.0))
+    )
+    v: FloatScalar = eqx.field(
+        converter=as_float, default=0.0, metadata=describe(bounds=(-1.0, 1.0))
+    )
     cell_x: FloatScalar = eqx.field(converter=as_float, default=0.0, metadata=describe(fixed=True))
     cell_y: FloatScalar = eqx.field(converter=as_float, default=0.0, metadata=describe(fixed=True))
     half: FloatScalar = eqx.field(

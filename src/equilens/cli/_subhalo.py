@@ -1,0 +1,142 @@
+"""`equilens subhalo`: the smooth fit of `equilens fit`, then the subhalo scan over its
+arcs (`equilens.subhalo_scan`), written as JSON and a figure."""
+
+import os
+import sys
+import time
+from typing import Any
+
+from ._parametric import parametric_fit
+from ._partial import Partial
+from ._source import _pixelized_stage, default_mesh, make_mesh, make_regularization
+
+#: What the JSON says about its positions.
+CONVENTION = (
+    "positions in arcsec in the image's frame: x grows with the column index, y with the "
+    "row index, the origin at the centre of the (cropped) image; for an image with north up "
+    "and east left, x points west and y north"
+)
+
+
+def run_subhalo(
+    imaging: Any,
+    json_path: str,
+    z_lens: float,
+    z_source: float,
+    *,
+    mass: str = "sie+shear",
+    lens_light: str | None = "mge",
+    source: str = "pixelized",
+    kind: str = "tnfw",
+    grid: int = 5,
+    solver: str = "lm",
+    max_steps: int | None = None,
+    mesh: str | None = None,
+    regularization: str = "constant",
+    strength: float | None = None,
+    partial: Partial | None = None,
+    title: str = "",
+    extra: dict | None = None,
+) -> dict[str, str]:
+    """Fits the smooth model to `imaging` as `equilens fit` does (the parametric fit, then
+    for `source="pixelized"` the evidence chain), then scans a `grid` x `grid` grid of
+    cells over the mask for a subhalo of profile `kind` (`equilens.subhalo_scan`, each
+    finished cell appended to `OUT_cells.jsonl` beside the JSON: a rerun resumes from it).
+    Writes the JSON (the best subhalo, every cell's log-evidence, the smooth model's) and
+    the figure (`.png`). Returns the paths and, under `"status"`, `"successful"` or what
+    failed (the smooth fit, or how many cells)."""
+    from ..cosmology import LensCosmology
+    from ..objective import Objective
+    from ..solve import fit_lens, result_to_dict
+    from ..subhalo import plot_subhalo_scan, subhalo_scan
+    from ..terms import GaussianLikelihood, LogEvidence
+
+    if source not in ("pixelized", "sersic"):
+        raise ValueError(f"--source must be pixelized or sersic for a subhalo scan, got {source!r}")
+    if kind not in ("tnfw", "pseudo_jaffe"):
+        raise ValueError(f"--kind must be tnfw or pseudo_jaffe, got {kind!r}")
+    if not isinstance(grid, int) or grid < 1:
+        raise ValueError(f"--grid must be a positive number of cells, got {grid}")
+    cosmology = LensCosmology(z_lens, z_source)  # (checks 0 < z_lens < z_source)
+    pixelized = source == "pixelized"
+    pix_mesh = make_mesh(mesh or default_mesh(imaging), imaging) if pixelized else None
+    pix_reg = make_regularization(regularization, strength) if pixelized else None
+    t0 = time.perf_counter()
+    progress = sys.stderr.isatty()
+    print(
+        f"equilens: subhalo scan ({kind}, {grid}x{grid} cells) of {imaging.shape[0]}x"
+        f"{imaging.shape[1]} pixels, {mass} mass, {lens_light or 'no'} lens light, "
+        f"{source} source; z_lens {z_lens}, z_source {z_source}"
+    )
+    smooth = parametric_fit(
+        fit_lens,
+        imaging,
+        mass,
+        lens_light,
+        source,
+        pixelized=pixelized,
+        solver=solver,
+        max_steps=max_steps,
+        positions=None,
+        positions_sigma=None,
+        progress=progress,
+        partial=partial,
+    )
+    if pixelized:
+        smooth, _, _, _ = _pixelized_stage(
+            imaging, smooth, pix_mesh, pix_reg, strength, solver, max_steps, None, progress
+        )
+        objective = Objective(LogEvidence(imaging))
+    else:
+        objective = Objective(GaussianLikelihood(imaging))
+    if partial is not None:
+        partial.keep("smooth model", smooth)
+    folder = os.path.dirname(os.path.abspath(json_path))
+    os.makedirs(folder, exist_ok=True)
+    base = os.path.splitext(json_path)[0]
+    cells = base + "_cells.jsonl"
+    print(f"  smooth model: {smooth.message()}; cells written to {cells} as they finish")
+    scan = subhalo_scan(
+        objective,
+        smooth,
+        cosmology,
+        grid=grid,
+        kind=kind,  # pyright: ignore[reportArgumentType]
+        solver=None if solver == "lm" and pixelized else solver,
+        max_steps=500 if max_steps is None else max_steps,
+        checkpoint=cells,
+        progress=progress,
+        log=None if progress else print,
+    )
+    png = plot_subhalo_scan(scan, objective, base + ".png", title=title)
+    out = scan.to_dict()
+    out.update(extra or {})
+    out["convention"] = CONVENTION
+    out["source"] = source
+    out["smooth_fit"] = result_to_dict(smooth)
+    out["cells_file"] = cells
+    _write(json_path, out)
+    b = scan.best
+    print(
+        f"  best cell: subhalo at ({b.get('center_x', float('nan')):+.3f}, "
+        f'{b.get("center_y", float("nan")):+.3f})", log10 mass '
+        f"{b.get('log10_mass', float('nan')):.2f}, mass within 1 kpc "
+        f"{b.get('mass_within_1kpc', float('nan')):.3g} Msun, Delta log E "
+        f"{b.get('delta_log_evidence') or float('nan'):.1f}"
+    )
+    print(f"  result: {json_path}\n  figure: {png}\n  wall time {time.perf_counter() - t0:.1f} s")
+    status = "successful"
+    if not smooth.success:
+        status = f"the smooth fit: {smooth.message()}"
+    elif scan.failed:
+        status = f"{scan.failed} of {len(scan.status)} cells failed"
+    return {"json": json_path, "png": png, "cells": cells, "status": status}
+
+
+def _write(path: str, out: dict[str, Any]) -> None:
+    import json
+
+    from .._files import atomic_path
+
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        json.dump(out, f, indent=2, allow_nan=True)

@@ -1,0 +1,243 @@
+"""The subhalo scan: the `Subhalo` perturber against `LensCosmology`'s own conversions (its
+mass and concentration recovered by `nfw_mass`, the pseudo-Jaffe's total mass by the flux
+of its deflection), the Numba backend, finite differences; the Laplace evidence against
+closed forms; the cells over a mask; and a small scan that finds a subhalo injected on an
+arc (and none where there is none), resumed from its checkpoint to the same numbers."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import equilens as el
+from equilens import light, mass
+from equilens.solve import laplace_evidence
+from equilens.solve._laplace import LogisticPrior
+from equilens.subhalo import Subhalo, duffy_concentration, scan_cells, subhalo_scan
+from helpers import slow_ci
+
+X64 = jax.config.read("jax_enable_x64")
+LC = el.LensCosmology(0.222, 0.609)
+
+
+def _sub(kind="tnfw", log10_mass=9.5, **kw):
+    args = dict(u=0.3, v=-0.2, cell_x=0.1, cell_y=0.4, half=0.2, host_theta_E=1.3)
+    args.update(kw)
+    return Subhalo(log10_mass=log10_mass, cosmology=LC, kind=kind, **args)
+
+
+@pytest.mark.x64_only
+@pytest.mark.parametrize("log10_mass", [7.0, 9.0, 10.5])
+def test_tnfw_subhalo_has_its_mass_and_duffy_concentration(log10_mass):
+    sub = _sub(log10_mass=log10_mass)
+    p = sub.profile()
+    assert isinstance(p, mass.TNFW)
+    m200, c = LC.nfw_mass(p)  # the inverse conversion, by root finding
+    assert m200 == pytest.approx(10.0**log10_mass, rel=1e-9)
+    assert c == pytest.approx(float(duffy_concentration(m200, 0.222, LC.h)), rel=1e-9)
+    # Duffy et al. (2008): c ~ 5.71 at 2e12 / h Msun and z = 0, falling slowly with mass
+    assert float(duffy_concentration(2e12 / LC.h, 0.0, LC.h)) == pytest.approx(5.71)
+    x, y = (float(v) for v in sub.center)
+    assert (x, y) == pytest.approx((0.1 + 0.2 * 0.3, 0.4 - 0.2 * 0.2))
+    # the Jacobi radius grows as the cube root of the mass
+    other = _sub(log10_mass=log10_mass + 3).profile()
+    assert float(other.r_trunc) / float(p.r_trunc) == pytest.approx(10.0, rel=1e-9)
+
+
+@pytest.mark.x64_only
+def test_pseudo_jaffe_subhalo_has_its_total_mass_and_tidal_radius():
+    sub = _sub(kind="pseudo_jaffe", log10_mass=9.5)
+    p = sub.profile()
+    assert isinstance(p, mass.PseudoJaffe)
+    # total mass 2 pi sigma0 Ra Rs Sigma_crit; the mass inside 200 Rs by the deflection's
+    # flux (within Ra Rs / 200 Rs = 0.5% of the total for Ra << Rs)
+    total = 2 * math.pi * float(p.sigma0) * float(p.Ra) * float(p.Rs) * LC.sigma_crit
+    assert total == pytest.approx(10.0**9.5, rel=1e-12)
+    assert LC.mass_within(p, 200 * float(p.Rs)) == pytest.approx(10.0**9.5, rel=6e-3)
+    # r_t = sqrt(b theta_E) with M = pi Sigma_crit b r_t
+    b = float(p.Rs) ** 2 / 1.3
+    assert math.pi * LC.sigma_crit * b * float(p.Rs) == pytest.approx(10.0**9.5, rel=1e-9)
+
+
+def test_subhalo_derivatives_match_finite_differences_and_numba():
+    x, y = jnp.linspace(-0.8, 0.9, 7), jnp.linspace(0.5, -0.4, 7)
+    for kind in ("tnfw", "pseudo_jaffe"):
+
+        def f(p, kind=kind):
+            s = _sub(kind=kind, log10_mass=p[0], u=p[1], v=p[2])
+            return jnp.sum(s.deflection(x, y)[0] + 2 * s.deflection(x, y)[1])
+
+        p0 = jnp.asarray([9.3, 0.2, -0.4])
+        g = np.asarray(jax.grad(f)(p0))
+        assert np.all(np.isfinite(g))
+        if X64:
+            h = 1e-6
+            fd = [(f(p0.at[i].add(h)) - f(p0.at[i].add(-h))) / (2 * h) for i in range(3)]
+            np.testing.assert_allclose(g, np.asarray(fd), rtol=1e-6, atol=1e-10)
+            s = _sub(kind=kind)
+            mine = np.asarray(s.deflection(x, y))
+            numba = el.numba.deflection(s, np.asarray(x), np.asarray(y))
+            np.testing.assert_allclose(np.asarray(numba), mine, rtol=1e-12, atol=1e-15)
+
+
+def test_subhalo_values_are_checked_where_they_enter():
+    with pytest.raises(ValueError, match="kind"):
+        _sub(kind="nfw")
+    with pytest.raises(TypeError, match="LensCosmology"):
+        Subhalo(log10_mass=9.0)
+    with pytest.raises(ValueError, match="half"):
+        _sub(half=-0.1)
+
+
+def test_logistic_prior_is_the_jacobian_of_the_bounded_map():
+    lo, hi = -1.0, 3.0
+    z = jnp.asarray([-30.0, -5.0, -1e-4, 0.0, 1e-5, 0.7, 12.0])
+    theta = lo + (hi - lo) * jax.nn.sigmoid(z)
+    for zi, t in zip(z, theta, strict=True):
+        term = LogisticPrior(lambda m: m, lo, hi)
+        s = jax.nn.sigmoid(zi)
+        expected = -float(jnp.log(s) + jnp.log1p(-s))
+        # (theta holds z to its own rounding: 1e-16 / e^-|z| relative near a bound)
+        tol = (1e-9 if abs(float(zi)) < 15 else 1e-4) if X64 else 2e-3
+        if abs(float(zi)) < 10 or X64:
+            assert float(term(t)) == pytest.approx(expected, rel=tol, abs=tol)
+    g = jax.grad(lambda t: LogisticPrior(lambda m: m, lo, hi)(t))(jnp.asarray(1.0))
+    assert np.isfinite(float(g)) and abs(float(g)) < 1e-6  # the middle: the mode
+
+
+def _one_parameter(sigma, mean=0.3):
+    model = mass.SIS(theta_E=1.0)
+    prior = el.GaussianPrior(lambda m: m.theta_E, mean, sigma)
+    return el.Objective(prior), model
+
+
+@pytest.mark.x64_only
+def test_laplace_evidence_of_a_normal_likelihood_in_a_uniform_prior():
+    # a normalised Gaussian likelihood well inside a uniform prior on (0, 4): E = 1 / 4
+    objective, model = _one_parameter(0.01, mean=1.7)
+    bounds = {lambda m: m.theta_E: (0.0, 4.0)}
+    free = el.select(model, lambda m: m.theta_E)
+    start = el.fit(objective, model, free=free, bounds=bounds, covariance=False).model
+    ev = laplace_evidence(objective, start, free=free, bounds=bounds)
+    assert ev.log_evidence == pytest.approx(-math.log(4.0), abs=2e-3)
+    assert ev.covariance[0, 0] == pytest.approx(0.01**2, rel=2e-2)
+    assert ev.floored == 0
+    # a likelihood that does not depend on the parameter: the prior's own integral, 1
+    # (the logistic density's Laplace approximation: log(sqrt(2 pi) sqrt(2) / 4) = -0.121)
+    flat, _ = _one_parameter(1e6, mean=0.0)
+    ev = laplace_evidence(flat, model, free=el.select(model, lambda m: m.theta_E), bounds=bounds)
+    norm = -math.log(1e6 * math.sqrt(2 * math.pi))  # the likelihood's constant value
+    assert ev.log_evidence - norm == pytest.approx(math.log(math.sqrt(4 * math.pi) / 4), abs=1e-3)
+
+
+def test_scan_cells_cover_the_mask():
+    grid = el.Grid((40, 40), pixel_scale=0.1)
+    x, y = np.asarray(grid.x), np.asarray(grid.y)
+    r = np.hypot(x, y)
+    mask = (r > 0.8) & (r < 1.6)
+    centres, half = scan_cells(x, y, mask, 4, 0.1)
+    assert half == pytest.approx(3.2 / 8, rel=1e-9)  # the square about the annulus, in 4
+    assert centres.shape == (16, 2)  # every cell holds part of the ring
+    inside = np.zeros(mask.shape, bool)
+    for cx, cy in centres:
+        inside |= (np.abs(x - cx) <= half) & (np.abs(y - cy) <= half)
+    assert inside[mask].all()
+    centres, _ = scan_cells(x, y, mask, 9, 0.1)
+    assert centres.shape[0] < 81  # the cells inside the hole and the corners are dropped
+    with pytest.raises(ValueError, match="positive"):
+        scan_cells(x, y, mask, 0, 0.1)
+
+
+def _lens(with_subhalo: bool, seed=1):
+    grid = el.Grid((56, 56), pixel_scale=0.05)
+    psf = el.GaussianPSF(fwhm=0.1, pixel_scale=0.05)
+    macro = mass.SIE(theta_E=0.9, e1=0.05, e2=-0.03) + mass.ExternalShear(gamma1=0.02, gamma2=0.01)
+    src = light.Sersic(amp=20.0, R_sersic=0.15, n_sersic=1.0, center_x=0.05, center_y=0.02, e1=0.1)
+    lens = macro
+    if with_subhalo:
+        sub = Subhalo(
+            log10_mass=9.7,
+            cell_x=0.0,
+            cell_y=0.9,
+            half=0.3,
+            host_theta_E=0.9,
+            cosmology=LC,
+            kind="pseudo_jaffe",
+        )
+        lens = macro + sub.profile()
+    truth = el.LensSystem(mass=lens, source=src)
+    r = np.hypot(np.asarray(grid.x), np.asarray(grid.y))
+    mask = (r > 0.4) & (r < 1.35)
+    data = el.simulate(
+        jax.random.key(seed), truth, grid, psf, exposure_time=2000.0, sky_level=1.0, mask=mask
+    )
+    return el.Objective(el.GaussianLikelihood(data)), el.LensSystem(mass=macro, source=src)
+
+
+@slow_ci
+def test_scan_finds_an_injected_subhalo_and_resumes_from_its_checkpoint(tmp_path):
+    objective, start = _lens(True)
+    smooth = el.fit(objective, start, covariance=False)
+    path = tmp_path / "cells.jsonl"
+    # the cell holding (0, 0.9) and one far from it
+    centres = np.asarray([[0.1, 0.8], [-0.8, -0.6]])
+    scan = subhalo_scan(
+        objective,
+        smooth,
+        LC,
+        grid=centres,
+        half=0.3,
+        kind="pseudo_jaffe",
+        checkpoint=path,
+        progress=False,
+    )
+    assert scan.failed == 0
+    assert scan.best_index == 0
+    assert scan.best["delta_log_evidence"] > 10
+    assert math.hypot(scan.best["center_x"] - 0.0, scan.best["center_y"] - 0.9) < 0.1
+    assert abs(scan.best["log10_mass"] - 9.7) < 0.3
+    assert scan.best["mass_within_1kpc"] > 0
+    out = scan.to_dict()
+    json.dumps(out)  # JSON-ready
+    assert out["cells"][0]["delta_log_evidence"] == pytest.approx(scan.best["delta_log_evidence"])
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3  # the header and two cells
+    again = subhalo_scan(
+        objective,
+        smooth,
+        LC,
+        grid=centres,
+        half=0.3,
+        kind="pseudo_jaffe",
+        checkpoint=path,
+        progress=False,
+    )
+    assert again.resumed == 2
+    np.testing.assert_array_equal(again.log_evidence, scan.log_evidence)
+    assert again.best["center_x"] == pytest.approx(scan.best["center_x"], rel=1e-12)
+    with pytest.raises(ValueError, match="another"):
+        subhalo_scan(
+            objective,
+            smooth,
+            LC,
+            grid=centres,
+            half=0.3,
+            kind="tnfw",
+            checkpoint=path,
+            progress=False,
+        )
+
+
+@slow_ci
+def test_scan_of_a_lens_without_subhalo_finds_none():
+    objective, start = _lens(False)
+    smooth = el.fit(objective, start, covariance=False)
+    centres = np.asarray([[0.1, 0.8], [-0.8, -0.6]])
+    scan = subhalo_scan(
+        objective, smooth, LC, grid=centres, half=0.3, kind="pseudo_jaffe", progress=False
+    )
+    assert scan.failed == 0
+    assert np.all(scan.delta_log_evidence < 5)
