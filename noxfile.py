@@ -62,7 +62,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """pyright on src/, with the optional dependencies the code imports (the samplers',
     pyHalo)."""
-    session.install("-e", ".[numba,sampling,substructure]", PYRIGHT)
+    session.install("-e", ".[numba,sampling,substructure,cluster]", PYRIGHT)
     session.run("pyright", "src")
 
 
@@ -93,7 +93,7 @@ def slow_ci(session: nox.Session) -> None:
     """The slow tests that `.ci/run` runs (marked `ci`): the demo fit of the HST lens (the
     README's main job) and the `equilens fit` command end to end. Every other slow test
     runs with `nox -s slow` (about 2 hours on the 2-core CI machine of 2026-11)."""
-    session.install("-e", ".[test,crosscheck,sampling]")
+    session.install("-e", ".[test,crosscheck,sampling,cluster]")
     _pytest(session, "slow and ci", "3.11", "float64", whole_fits=True)
 
 
@@ -105,7 +105,7 @@ def slow(session: nox.Session) -> None:
     lenstronomy (one lens of the lenstronomy-simulated validation suite is fitted end to
     end) and the sampling extra (the samplers' lens-sized tests, the nested-sampling and
     model-comparison examples) and the substructure extra (the population example)."""
-    session.install("-e", ".[test,crosscheck,sampling,substructure]")
+    session.install("-e", ".[test,crosscheck,sampling,substructure,cluster]")
     _pytest(session, "slow", "3.11", "float64", whole_fits=True)
 
 

@@ -875,3 +875,71 @@ def test_default_mesh_fits_the_mask():
     assert make_mesh(default_mesh(small), small).n_pixels == 441
     with pytest.raises(ValueError, match="too few for a pixelized source"):
         default_mesh(imaging(0.6))
+
+
+def _subhalo_args(paths, *extra):
+    return [
+        "subhalo",
+        paths["image"],
+        "--noise-map",
+        paths["noise"],
+        "--psf",
+        paths["psf"],
+        "--pixel-scale",
+        "0.06",
+        "--mask-radius",
+        "1.4",
+        "--z-lens",
+        "0.3",
+        "--z-source",
+        "1.2",
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--z-lens", "0.9"), "0 < z_lens < z_source"),
+        (("--grid", "0"), "--grid must be between 1 and"),
+        (("--source", "blob"), "--source must be pixelized or sersic"),
+        (("--mass", "sie+banana"), "unknown mass profile 'banana'"),
+        (("--band", "a", "b", "c"), "one image"),
+        (("--source", "sersic", "--mesh", "adaptive"), "--mesh is an option of --source pixelized"),
+    ],
+)
+def test_subhalo_bad_input_is_one_line_and_nonzero(fits_files, tmp_path, capsys, extra, message):
+    code = main([*_subhalo_args(fits_files, *extra), "--json", str(tmp_path / "s.json")])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert err.startswith("equilens: error:") and "\n" not in err, err
+    assert message in err, err
+
+
+@slow_ci
+def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(fits_files, tmp_path):
+    out = tmp_path / "scan.json"
+    argv = _subhalo_args(
+        fits_files,
+        "--lens-light",
+        "sersic",
+        "--source",
+        "sersic",
+        "--grid",
+        "2",
+        "--kind",
+        "pseudo_jaffe",
+    )
+    assert main([*argv, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    best = result["best"]
+    for key in ("center_x", "center_y", "mass_within_1kpc", "delta_log_evidence", "log10_mass"):
+        assert key in best
+    cells = result["cells"]
+    assert len(cells) == 4 and all(c["status"] == "successful" for c in cells)
+    # a lens simulated without a subhalo: no cell's evidence says there is one
+    assert max(c["delta_log_evidence"] for c in cells) < 5
+    assert best["delta_log_evidence"] == max(c["delta_log_evidence"] for c in cells)
+    assert result["z_lens"] == 0.3 and "x grows with the column index" in result["convention"]
+    assert (tmp_path / "scan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 5

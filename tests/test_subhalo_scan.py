@@ -241,3 +241,21 @@ def test_scan_of_a_lens_without_subhalo_finds_none():
     )
     assert scan.failed == 0
     assert np.all(scan.delta_log_evidence < 5)
+
+
+@slow_ci
+def test_scan_on_a_dask_cluster_of_two_workers_equals_the_scan_in_one_process():
+    distributed = pytest.importorskip("distributed")
+    objective, start = _lens(True)
+    smooth = el.fit(objective, start, covariance=False)
+    centres = np.asarray([[0.1, 0.8], [-0.8, -0.6], [0.8, -0.6]])
+    kw = dict(grid=centres, half=0.3, kind="pseudo_jaffe", progress=False)
+    here = subhalo_scan(objective, smooth, LC, **kw)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True) as cluster:
+        with distributed.Client(cluster) as client:
+            there = subhalo_scan(objective, smooth, LC, client=client, **kw)
+    # the same programs on the same CPU: equal to round-off (XLA may split reductions
+    # over another number of threads in a worker)
+    np.testing.assert_allclose(there.log_evidence, here.log_evidence, rtol=1e-9, atol=1e-6)
+    assert there.status == here.status and there.best_index == here.best_index
+    assert there.best["center_x"] == pytest.approx(here.best["center_x"], abs=1e-6)

@@ -13,6 +13,7 @@ resumes from the cells written.
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -35,9 +36,12 @@ from ..objective._params import Bounds, Where
 from ..solve import RESULTS, FitResult, fit
 from ..solve._laplace import LaplaceEvidence, LogisticPrior, laplace_evidence
 from ..solve._parametrise import parametrisation
+from ..terms import LogEvidence
 from ._grid import scan_cells
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
 
+#: A cell's status when its fit ran out of steps (its evidence is still computed).
+MAX_STEPS_STATUS = "successful (the fit reached max_steps; evidence from where it stopped)"
 #: The checkpoint's format version (a file of another version is not resumed from).
 CHECKPOINT_FORMAT = 1
 
@@ -49,7 +53,8 @@ class SubhaloScan:
     - `centres` (`(n, 2)`, arcsec) and `half` (arcsec): the cells;
     - `log_evidence` (`(n,)`): each cell's Laplace log-evidence (NaN where its fit
       failed); `delta_log_evidence`: minus the smooth model's, `smooth_log_evidence`;
-    - `status` (`(n,)` strings: "successful" or why not), `fits` (each cell's fitted
+    - `status` (`(n,)` strings: "successful", `MAX_STEPS_STATUS`, or why the cell
+      failed), `fits` (each cell's fitted
       model, with the subhalo as the mass's last component; None where it failed);
     - `best_index` (the cell of the largest `delta_log_evidence`); `best`: that cell's
       subhalo (`center_x`, `center_y` arcsec, `log10_mass`, `mass` Msun, its 1-sigma
@@ -79,7 +84,7 @@ class SubhaloScan:
     @property
     def failed(self) -> int:
         """The number of cells whose fit or evidence failed."""
-        return sum(s != "successful" for s in self.status)
+        return sum(not s.startswith("successful") for s in self.status)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary (positions in arcsec in the data's frame: x grows with the
@@ -116,6 +121,19 @@ class SubhaloScan:
 
 def _finite_or_none(v: float) -> float | None:
     return float(v) if math.isfinite(float(v)) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class _SubhaloField:
+    """`where` function of the subhalo's field `name` (the mass's component `index`): a
+    value, not a closure, so that it pickles (Dask) and equal ones hash alike (the
+    programs a worker compiled for one cell serve the next)."""
+
+    index: int
+    name: str
+
+    def __call__(self, model: Any) -> Any:
+        return getattr(model.mass.components[self.index], self.name)
 
 
 def with_subhalo(model: LensSystem, subhalo: Subhalo) -> LensSystem:
@@ -169,7 +187,9 @@ def subhalo_scan(
     bounds: Mapping[Where, Bounds] | None = None,
     solver: str | None = None,
     max_steps: int = 500,
+    smoothed: bool | None = None,
     checkpoint: str | os.PathLike | None = None,
+    client: Any = None,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> SubhaloScan:
@@ -198,9 +218,18 @@ def subhalo_scan(
       functions see the model with its mass as a `MassSum`.
     - `solver`: default `"lm"` for a least-squares objective, else `"bfgs"`;
       `max_steps` per cell.
+    - `smoothed`: the evidence's Hessian from its values over 1-sigma steps
+      (`laplace_evidence(smoothed=True)`: for an evidence rough on small scales, a
+      pixelized source's); default True when the objective has a `LogEvidence` term.
     - `checkpoint`: a JSON-lines file each finished cell is appended to; a scan run again
       with the same file and set-up skips the cells it holds (a file from another set-up
       is a `ValueError`).
+    - `client`: a Dask `distributed.Client` (PyPI `distributed`, the extra `cluster`): the
+      cells are its tasks, run on its workers as they are free (a `LocalCluster`, or a
+      SLURM/PBS cluster through `dask-jobqueue`: docs/subhalo.md), each worker compiling
+      the cell fit once; the cells are written to `checkpoint` as they finish. Default
+      None: one cell after another in this process (on one machine the better choice:
+      XLA already uses every core).
     - `progress`: a progress bar over the cells; `log`: a function for one line per cell.
 
     Returns a `SubhaloScan`. A cell whose fit fails is recorded as failed (NaN evidence),
@@ -241,23 +270,23 @@ def subhalo_scan(
     )
     n_comp = len(template.mass.components)  # pyright: ignore[reportAttributeAccessIssue]
 
-    def sub_where(s):
-        return s.mass.components[n_comp - 1].log10_mass
-
+    sub_where = _SubhaloField(n_comp - 1, "log10_mass")
     sub_bounds = {**(bounds or {}), sub_where: (lo, hi)}
-
-    def pick(name):
-        return lambda s: getattr(s.mass.components[n_comp - 1], name)
-
     # the cell fits find the mode in the fit's coordinates of what the evidence integrates
     # (LogisticPrior): a subhalo the data do not want stays finite there
-    priors = [LogisticPrior(sub_where, lo, hi), *(LogisticPrior(pick(c), -1.0, 1.0) for c in "uv")]
+    priors = [
+        LogisticPrior(sub_where, lo, hi),
+        *(LogisticPrior(_SubhaloField(n_comp - 1, c), -1.0, 1.0) for c in "uv"),
+    ]
     cell_objective = Objective(
         [*objective.terms, *priors], jnp.concatenate([objective.weights, jnp.ones(3, dtype)])
     )
     sub_free = _free_with_subhalo(objective, smooth, free, bounds, template)
 
-    smooth_ev = laplace_evidence(objective, smooth, free=free, bounds=bounds)
+    if smoothed is None:
+        smoothed = any(isinstance(t, LogEvidence) for t in objective.terms)
+    evidence = functools.partial(laplace_evidence, smoothed=smoothed)
+    smooth_ev = evidence(objective, smooth, free=free, bounds=bounds)
     if not math.isfinite(smooth_ev.log_evidence):
         raise RuntimeError("subhalo_scan: the smooth model's evidence is not finite")
     say(f"smooth model: log evidence {smooth_ev.log_evidence:.2f}")
@@ -289,9 +318,12 @@ def subhalo_scan(
 
     todo = [i for i in range(n) if i not in done]
     bar = _bar(len(todo), progress)
-    for i in todo:
-        start = _in_cell(template, centres[i], dtype)
-        rec = _fit_cell(objective, cell_objective, start, solver, sub_free, sub_bounds, max_steps)
+    setup = (objective, cell_objective, template, solver, sub_free, sub_bounds, max_steps, evidence)
+    if client is None:
+        finished = ((i, _cell_task(setup, centres[i])) for i in todo)
+    else:
+        finished = _on_dask(client, setup, centres, todo)
+    for i, rec in finished:
         log_e[i], status[i], fits[i] = rec[0], rec[1], rec[2]
         values = None if rec[2] is None else np.asarray(ravel_pytree(param.values(rec[2]))[0])
         if checkpoint is not None:
@@ -321,7 +353,7 @@ def subhalo_scan(
         grid_log_e = m + math.log(np.sum(np.exp(log_e[ok] - m)) / n)
     else:
         best_index, grid_log_e = 0, math.nan
-    best = _best(objective, fits[best_index], sub_free, sub_bounds, cosmology, kind)
+    best = _best(objective, fits[best_index], sub_free, sub_bounds, cosmology, kind, evidence)
     best["delta_log_evidence"] = _finite_or_none(delta[best_index])
     best["cell"] = best_index
     return SubhaloScan(
@@ -367,6 +399,41 @@ def _in_cell(template: LensSystem, centre: np.ndarray, dtype: Any) -> LensSystem
     )
 
 
+def _cell_task(setup: tuple[Any, ...], centre: np.ndarray) -> tuple[float, str, Any]:
+    """One cell of the scan from what every cell shares (`setup`) and its centre: what a
+    Dask worker runs."""
+    objective, cell_objective, template, solver, free, bounds, max_steps, evidence = setup
+    dtype = template.mass.components[-1].log10_mass.dtype
+    start = _in_cell(template, centre, dtype)
+    return _fit_cell(objective, cell_objective, start, solver, free, bounds, max_steps, evidence)
+
+
+def _x64(enabled: bool) -> None:
+    """Sets JAX's float64 mode in a Dask worker (before any array reaches it)."""
+    import jax
+
+    jax.config.update("jax_enable_x64", enabled)
+
+
+def _on_dask(client: Any, setup: tuple[Any, ...], centres: np.ndarray, todo: list[int]):
+    """`(cell, record)` of the cells `todo` as Dask's workers finish them. The shared set-up
+    is sent to every worker once (`scatter(broadcast=True)`): each worker's tasks get the
+    same objects, whose static parts (the `where` functions, the parametrisation) then
+    match the programs the worker compiled for its first cell: one compilation per
+    worker. The workers' JAX runs in the client's precision."""
+    import jax
+    from distributed import as_completed
+
+    client.run(_x64, bool(jax.config.read("jax_enable_x64")))
+    shared = client.scatter(setup, broadcast=True)
+    futures = {
+        client.submit(_cell_task, shared, centres[i], key=f"subhalo-cell-{i}-{id(setup)}"): i
+        for i in todo
+    }
+    for future in as_completed(futures):
+        yield futures[future], future.result()
+
+
 def _fit_cell(
     objective: Objective,
     cell_objective: Objective,
@@ -375,6 +442,7 @@ def _fit_cell(
     free: Any,
     bounds: Mapping[Where, Bounds],
     max_steps: int,
+    evidence: Callable[..., LaplaceEvidence],
 ) -> tuple[float, str, Any]:
     """One cell: the fit (of `cell_objective`: `objective` and the subhalo's priors in the
     fit's coordinates), then its Laplace evidence; `(log E, status, model)`."""
@@ -388,13 +456,22 @@ def _fit_cell(
         throw=False,
         covariance=False,
     )
-    if r.result != RESULTS.successful and r.result != RESULTS.implausible:
+    # a fit that ran out of steps (a pixelized source's evidence is rough: quasi-Newton
+    # steps stall on it) still gives its evidence, from where it stopped, polished by the
+    # Newton steps of `laplace_evidence`; its status says so
+    out_of_steps = (RESULTS.max_steps_reached, RESULTS.nonlinear_max_steps_reached)
+    stopped = any(r.result == u for u in out_of_steps)
+    usable = stopped or r.result == RESULTS.successful or r.result == RESULTS.implausible
+    if not usable:
         return math.nan, r.message(), None
     try:
-        ev = laplace_evidence(objective, r.model, free=free, bounds=bounds)
+        ev = evidence(objective, r.model, free=free, bounds=bounds)
     except ValueError as e:
         return math.nan, f"evidence failed: {e}", None
-    return ev.log_evidence, "successful", ev.model
+    if not math.isfinite(ev.log_evidence):
+        return math.nan, "evidence failed: not finite", None
+    status = MAX_STEPS_STATUS if stopped else "successful"
+    return ev.log_evidence, status, ev.model
 
 
 def _best(
@@ -404,6 +481,7 @@ def _best(
     bounds: Mapping[Where, Bounds],
     cosmology: LensCosmology,
     kind: str,
+    evidence: Callable[..., LaplaceEvidence],
 ) -> dict[str, Any]:
     """The best cell's subhalo as a JSON-ready dict, errors from its Laplace covariance."""
     if model is None:
