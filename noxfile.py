@@ -231,5 +231,6 @@ def bench(session: nox.Session) -> None:
         "benchmarks/bench_sharding.py",
         "benchmarks/bench_sampling.py",
         "benchmarks/bench_multiplane.py",
+        "benchmarks/bench_subhalo.py",
     ):
         session.run("python", script, *session.posargs)

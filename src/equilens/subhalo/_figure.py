@@ -10,7 +10,6 @@ from .._files import atomic_path
 from .._grid import Grid
 from ..lensing import critical_curves
 from ..objective import Objective
-from ..plot import _extent, asinh_stretch
 from ._scan import SubhaloScan
 
 
@@ -34,6 +33,8 @@ def plot_subhalo_scan(
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
     from matplotlib.patches import Rectangle
+
+    from ..plot import _extent, asinh_stretch
 
     term = objective.imaging_terms()[0]
     im = term.imaging

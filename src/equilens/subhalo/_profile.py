@@ -77,7 +77,6 @@ class Subhalo(AbstractMassProfile):
     kind: str = eqx.field(static=True, default="tnfw")
 
     def __check_init__(self):
-        super().__check_init__()
         if self.kind not in _KINDS:
             raise ValueError(f"Subhalo.kind must be one of {_KINDS}, got {self.kind!r}")
         if not isinstance(self.cosmology, LensCosmology):
