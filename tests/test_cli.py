@@ -900,7 +900,7 @@ def _subhalo_args(paths, *extra):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (("--z-lens", "0.9"), "0 < z_lens < z_source"),
+        (("--z-lens", "1.5"), "0 < z_lens < z_source"),
         (("--grid", "0"), "--grid must be between 1 and"),
         (("--source", "blob"), "--source must be pixelized or sersic"),
         (("--mass", "sie+banana"), "unknown mass profile 'banana'"),

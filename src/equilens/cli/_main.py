@@ -377,6 +377,8 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
     ):
         if value is None:
             raise ValueError(f"{option} is required")
+    if args.source not in ("pixelized", "sersic"):
+        raise ValueError(f"--source must be pixelized or sersic, got {args.source!r}")
     if not 1 <= args.grid <= MAX_GRID:
         raise ValueError(f"--grid must be between 1 and {MAX_GRID}, got {args.grid}")
     args.positions = args.positions_sigma = None

@@ -117,8 +117,15 @@ SMOOTHING_STEP = 1.0
 SMOOTHING_ROUNDS = 6
 
 
-def _value_hessian(f: Callable[[Array], Array], z0: Array, h: np.ndarray) -> np.ndarray:
-    """The Hessian of `f` at `z0` by central differences of its values with steps `h`:
+def _value_hessian(
+    f: Callable[[Array], Array],
+    z0: Array,
+    h: np.ndarray,
+    values: Callable[[Array], np.ndarray] | None = None,
+) -> np.ndarray:
+    """The Hessian of `f` at `z0` by central differences of its values with steps `h`
+    (`values(points)`, if given, evaluates `f` at the rows of `points` instead of
+    `jax.lax.map`, e.g. with a program compiled once for many calls):
     `(f(+i) - 2 f0 + f(-i)) / h_i^2` on the diagonal, `(f(+i+j) - f(+i-j) - f(-i+j) +
     f(-i-j)) / (4 h_i h_j)` off it; exact for a quadratic whatever the step."""
     n = z0.shape[0]
@@ -131,7 +138,7 @@ def _value_hessian(f: Callable[[Array], Array], z0: Array, h: np.ndarray) -> np.
         points += [steps[i] + steps[j], steps[i] - steps[j], steps[j] - steps[i]]
         points += [-steps[i] - steps[j]]
     at = z0[None, :] + jnp.asarray(np.stack(points), dtype=z0.dtype)
-    v = np.asarray(jax.lax.map(f, at), dtype=np.float64)
+    v = np.asarray(jax.lax.map(f, at) if values is None else values(at), dtype=np.float64)
     hess = np.empty((n, n))
     # a step into a region where the objective is not finite (an invalid inversion) gives
     # NaN entries, which `_inverse_pd` refuses: no warning for inf - inf

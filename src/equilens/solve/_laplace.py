@@ -129,6 +129,16 @@ def _value(objective: Objective, param: Parametrisation, template: Any, raw: Any
     return objective(param.to_model(raw, template)) - param.log_jacobian(raw) + norm
 
 
+@eqx.filter_jit
+def _values(objective: Objective, param: Parametrisation, template: Any, raws: Any, norm: Any):
+    """`F` at each of the stacked raw values `raws` (one after another: `lax.map`)."""
+
+    def one(raw):
+        return objective(param.to_model(raw, template)) - param.log_jacobian(raw) + norm
+
+    return jax.lax.map(one, raws)
+
+
 def _smoothed_hessian(objective, param, template, z, unravel, norm, h0, rounds) -> np.ndarray:
     """The Hessian of `F` from central differences of its values over 1-sigma steps
     (`_value_hessian`), the first steps from the diagonal of `h0`, then from the
@@ -138,11 +148,18 @@ def _smoothed_hessian(objective, param, template, z, unravel, norm, h0, rounds) 
     def f(zz):
         return _value(objective, param, template, unravel(zz), norm)
 
+    def values(points):
+        # the points as one stacked pytree of raw values: `_values` compiles once for
+        # every call with the same model and objective (a closure given to lax.map would
+        # compile again each time)
+        raw = jax.vmap(unravel)(points)
+        return np.asarray(_values(objective, param, template, raw, norm))
+
     diag = np.abs(np.diagonal(h0))
     steps = np.where(diag > 0, SMOOTHING_STEP / np.sqrt(np.where(diag > 0, diag, 1.0)), 1e-3)
     hess = h0
     for _ in range(max(int(rounds), 1)):
-        hess = _value_hessian(f, z, steps)
+        hess = _value_hessian(f, z, steps, values)
         cov = _inverse_pd(hess)
         if cov is None:
             break
