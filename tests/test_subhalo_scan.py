@@ -139,7 +139,7 @@ def test_scan_cells_cover_the_mask():
     r = np.hypot(x, y)
     mask = (r > 0.8) & (r < 1.6)
     centres, half = scan_cells(x, y, mask, 4, 0.1)
-    assert half == pytest.approx(3.2 / 8, rel=1e-9)  # the square about the annulus, in 4
+    assert half == pytest.approx(3.2 / 8, rel=1e-6)  # the square about the annulus, in 4
     assert centres.shape == (16, 2)  # every cell holds part of the ring
     inside = np.zeros(mask.shape, bool)
     for cx, cy in centres:

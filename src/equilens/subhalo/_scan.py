@@ -42,6 +42,9 @@ from ..terms import LogEvidence
 from ._grid import scan_cells
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
 
+#: A cell's `(log-evidence, status, fitted model, 1-sigma errors of the subhalo's u, v and
+#: log10_mass)`.
+CellRecord = tuple[float, str, Any, dict[str, float]]
 #: A cell's status when its fit ran out of steps (its evidence is still computed).
 MAX_STEPS_STATUS = "successful (the fit reached max_steps; evidence from where it stopped)"
 #: The checkpoint's format version (a file of another version is not resumed from).
@@ -313,11 +316,13 @@ def subhalo_scan(
     log_e = np.full(n, np.nan)
     status = ["not run"] * n
     fits: list[Any] = [None] * n
+    errors: list[dict[str, float]] = [{} for _ in range(n)]
     param = parametrisation(objective, template, sub_free, sub_bounds)
     _, unravel = ravel_pytree(param.values(template))
     for i, rec in done.items():
         log_e[i] = np.nan if rec["log_evidence"] is None else rec["log_evidence"]
         status[i] = rec["status"]
+        errors[i] = rec.get("errors") or {}
         if rec["values"] is not None:
             values = unravel(jnp.asarray(rec["values"], dtype))
             fits[i] = param.with_values(values, _in_cell(template, centres[i], dtype))
@@ -335,7 +340,7 @@ def subhalo_scan(
     else:
         finished = ((i, _cell_task(setup, centres[i])) for i in todo)
     for i, rec in finished:
-        log_e[i], status[i], fits[i] = rec[0], rec[1], rec[2]
+        log_e[i], status[i], fits[i], errors[i] = rec
         values = None if rec[2] is None else np.asarray(ravel_pytree(param.values(rec[2]))[0])
         if checkpoint is not None:
             line = {
@@ -343,6 +348,7 @@ def subhalo_scan(
                 "log_evidence": _finite_or_none(log_e[i]),
                 "status": status[i],
                 "values": None if values is None else values.tolist(),
+                "errors": errors[i],
             }
             with open(checkpoint, "a") as f:
                 f.write(json.dumps(line) + "\n")
@@ -364,7 +370,7 @@ def subhalo_scan(
         grid_log_e = m + math.log(np.sum(np.exp(log_e[ok] - m)) / n)
     else:
         best_index, grid_log_e = 0, math.nan
-    best = _best(objective, fits[best_index], sub_free, sub_bounds, cosmology, kind, evidence)
+    best = _best(fits[best_index], errors[best_index], kind)
     best["delta_log_evidence"] = _finite_or_none(delta[best_index])
     best["cell"] = best_index
     return SubhaloScan(
@@ -410,7 +416,7 @@ def _in_cell(template: LensSystem, centre: np.ndarray, dtype: Any) -> LensSystem
     )
 
 
-def _cell_task(setup: tuple[Any, ...], centre: np.ndarray) -> tuple[float, str, Any]:
+def _cell_task(setup: tuple[Any, ...], centre: np.ndarray) -> CellRecord:
     """One cell of the scan from what every cell shares (`setup`) and its centre: what a
     Dask worker runs."""
     objective, cell_objective, template, solver, free, bounds, max_steps, evidence = setup
@@ -476,7 +482,7 @@ def _fit_cell(
     bounds: Mapping[Where, Bounds],
     max_steps: int,
     evidence: Callable[..., LaplaceEvidence],
-) -> tuple[float, str, Any]:
+) -> CellRecord:
     """One cell: the fit (of `cell_objective`: `objective` and the subhalo's priors in the
     fit's coordinates), then its Laplace evidence; `(log E, status, model)`."""
     r = fit(
@@ -498,7 +504,7 @@ def _cell_evidence(
     free: Any,
     bounds: Mapping[Where, Bounds],
     evidence: Callable[..., LaplaceEvidence],
-) -> tuple[float, str, Any]:
+) -> CellRecord:
     """A cell's `(log E, status, model)` from its fit `r`."""
     # a fit that ran out of steps (a pixelized source's evidence is rough: quasi-Newton
     # steps stall on it) still gives its evidence, from where it stopped, polished by the
@@ -507,40 +513,29 @@ def _cell_evidence(
     stopped = any(r.result == u for u in out_of_steps)
     usable = stopped or r.result == RESULTS.successful or r.result == RESULTS.implausible
     if not usable:
-        return math.nan, r.message(), None
+        return math.nan, r.message(), None, {}
     try:
         ev = evidence(objective, r.model, free=free, bounds=bounds)
     except ValueError as e:
-        return math.nan, f"evidence failed: {e}", None
+        return math.nan, f"evidence failed: {e}", None, {}
     if not math.isfinite(ev.log_evidence):
-        return math.nan, "evidence failed: not finite", None
+        return math.nan, "evidence failed: not finite", None, {}
     status = MAX_STEPS_STATUS if stopped else "successful"
-    return ev.log_evidence, status, ev.model
-
-
-def _best(
-    objective: Objective,
-    model: Any,
-    free: Any,
-    bounds: Mapping[Where, Bounds],
-    cosmology: LensCosmology,
-    kind: str,
-    evidence: Callable[..., LaplaceEvidence],
-) -> dict[str, Any]:
-    """The best cell's subhalo as a JSON-ready dict, errors from its Laplace covariance."""
-    if model is None:
-        return {"kind": kind}
-    sub: Subhalo = model.mass.components[-1]
-    ev: LaplaceEvidence = laplace_evidence(
-        objective, model, free=free, bounds=bounds, newton_steps=0
-    )
-    n = len(model.mass.components) - 1
-    prefix = f"mass.components[{n}]."
+    prefix = f"mass.components[{len(ev.model.mass.components) - 1}]."
     sigma = {
         name[len(prefix) :]: math.sqrt(max(float(ev.covariance[k, k]), 0.0))
         for k, name in enumerate(ev.names)
         if name.startswith(prefix)
     }
+    return ev.log_evidence, status, ev.model, sigma
+
+
+def _best(model: Any, sigma: dict[str, float], kind: str) -> dict[str, Any]:
+    """The best cell's subhalo as a JSON-ready dict, with the 1-sigma errors of its
+    Laplace covariance (`sigma`: of `u`, `v` and `log10_mass`)."""
+    if model is None:
+        return {"kind": kind}
+    sub: Subhalo = model.mass.components[-1]
     x, y = (float(c) for c in sub.center)
     log_m = float(sub.log10_mass)
     return {
