@@ -150,7 +150,7 @@ def with_subhalo(model: LensSystem, subhalo: Subhalo) -> LensSystem:
     return eqx.tree_at(lambda s: s.mass, model, MassSum((*comps, subhalo)))
 
 
-def _as_sum(model: LensSystem) -> LensSystem:
+def _as_sum(model: Any) -> LensSystem:
     """`model` with its mass a `MassSum` (the same lens): the smooth and subhalo models then
     share the paths of their common parameters."""
     if isinstance(model.mass, MassSum):
@@ -193,6 +193,7 @@ def subhalo_scan(
     solver: str | None = None,
     max_steps: int = 500,
     smoothed: bool | None = None,
+    refit_smooth: bool = True,
     checkpoint: str | os.PathLike | None = None,
     client: Any = None,
     route: BatchRoute = "auto",
@@ -228,6 +229,10 @@ def subhalo_scan(
     - `smoothed`: the evidence's Hessian from its values over 1-sigma steps
       (`laplace_evidence(smoothed=True)`: for an evidence rough on small scales, a
       pixelized source's); default True when the objective has a `LogEvidence` term.
+    - `refit_smooth`: first fit the smooth model again with this objective, `solver`,
+      `free`, `bounds` and `max_steps`, as the cells are fitted (default True: `smooth`
+      may come from a fit with other terms, a positions guard, or another stopping
+      point, which would shift every cell's `Delta log E` alike); the cells start from it.
     - `checkpoint`: a JSON-lines file each finished cell is appended to; a scan run again
       with the same file and set-up skips the cells it holds (a file from another set-up
       is a `ValueError`).
@@ -265,6 +270,24 @@ def subhalo_scan(
     solver = solver or ("lm" if objective.least_squares else "bfgs")
     dtype = jnp.result_type(float)
     say = log or (lambda _: None)
+    if refit_smooth:
+        # the smooth model fitted as the cells are (this objective, solver, free parameters
+        # and step limit; the fit given may have had other terms, such as a positions
+        # guard, or stopped elsewhere): the comparison is then of like with like, and the
+        # cells start from it
+        refit = fit(
+            objective,
+            smooth,
+            solver,
+            free=free,
+            bounds=bounds,
+            max_steps=max_steps,
+            throw=False,
+            covariance=False,
+        )
+        if not math.isfinite(float(refit.value)):
+            raise RuntimeError(f"subhalo_scan: the smooth model's refit failed: {refit.message()}")
+        smooth = _as_sum(refit.model)
 
     template = with_subhalo(
         smooth,
