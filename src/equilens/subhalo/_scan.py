@@ -240,8 +240,9 @@ def subhalo_scan(
       cells are its tasks, run on its workers as they are free (a `LocalCluster`, or a
       SLURM/PBS cluster through `dask-jobqueue`: docs/subhalo.md), each worker compiling
       the cell fit once; the cells are written to `checkpoint` as they finish. Default
-      None: one cell after another in this process (on one machine the better choice:
-      XLA already uses every core).
+      None: the cells in this process (`route`). On a multi-core machine a
+      `LocalCluster` of one-thread workers can be the faster route (measured in
+      docs/performance.md: 2.4x on 2 cores for a small lens).
     - `route`, `mesh`: without a client, how the cells' fits run (`fit_batch`'s
       `batch_route`): `"loop"` (one compiled fit after another: the default on a CPU,
       where it is faster), `"vmap"` (every cell's fit in one vectorised program: the
