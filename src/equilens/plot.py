@@ -69,6 +69,22 @@ def _source_plane_image(system: LensSystem, grid: Grid):
     return system.source_plane_image(grid)
 
 
+def save_figure(fig, axes, path: str | os.PathLike, title: str = "") -> str:
+    """Labels `axes` in arcsec, titles `fig`, writes it to `path` (PNG, in one step: an
+    interrupted write leaves the previous file) and closes it; returns the path."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
+        ax.set_xlabel("x [arcsec]")
+        ax.set_ylabel("y [arcsec]")
+    if title:
+        fig.suptitle(title)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    return str(path)
+
+
 def plot_fit(system: LensSystem, imaging: Imaging, path: str | os.PathLike, title: str = "") -> str:
     """Writes a six-panel PNG to `path` of a fit with a parametric source:
 
@@ -142,15 +158,7 @@ def plot_fit(system: LensSystem, imaging: Imaging, path: str | os.PathLike, titl
     ax.set_ylim(sext[2:])
     ax.set_title("source plane and caustics")
     fig.colorbar(im, ax=ax, shrink=0.8, label="flux/arcsec$^2$")
-    for ax in axes:
-        ax.set_xlabel("x [arcsec]")
-        ax.set_ylabel("y [arcsec]")
-    if title:
-        fig.suptitle(title)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    return str(path)
+    return save_figure(fig, axes, path, title)
 
 
 def source_plane_grid(inversion: Inversion, n: int = 120) -> Grid:

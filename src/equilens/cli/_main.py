@@ -294,14 +294,7 @@ def _run(args, partial: Partial) -> int:
             first = data.bands[0]
             partial.band_names = data.names
         else:
-            for option, value in (
-                ("IMAGE", args.image),
-                ("--noise-map", args.noise_map),
-                ("--psf", args.psf),
-                ("--pixel-scale", args.pixel_scale),
-            ):
-                if value is None:
-                    raise ValueError(f"{option} is required (or --band once per band)")
+            _require_one_image(args, " (or --band once per band)")
             data = first = _imaging(args)
         plan = _check_model(args, first, positions)
         if data is not first:
@@ -365,10 +358,8 @@ def _run(args, partial: Partial) -> int:
     return _exit(out)
 
 
-def _subhalo(args, partial: Partial) -> dict[str, str]:
-    """`equilens subhalo`: the options checked, the data read, the scan run."""
-    if args.band:
-        raise ValueError("equilens subhalo takes one image (IMAGE --noise-map --psf), not --band")
+def _require_one_image(args, hint: str = "") -> None:
+    """A `ValueError` naming the first of IMAGE, --noise-map, --psf, --pixel-scale missing."""
     for option, value in (
         ("IMAGE", args.image),
         ("--noise-map", args.noise_map),
@@ -376,7 +367,14 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
         ("--pixel-scale", args.pixel_scale),
     ):
         if value is None:
-            raise ValueError(f"{option} is required")
+            raise ValueError(f"{option} is required{hint}")
+
+
+def _subhalo(args, partial: Partial) -> dict[str, str]:
+    """`equilens subhalo`: the options checked, the data read, the scan run."""
+    if args.band:
+        raise ValueError("equilens subhalo takes one image (IMAGE --noise-map --psf), not --band")
+    _require_one_image(args)
     if args.source not in ("pixelized", "sersic"):
         raise ValueError(f"--source must be pixelized or sersic, got {args.source!r}")
     if not 1 <= args.grid <= MAX_GRID:

@@ -6,7 +6,6 @@ import os
 import equinox as eqx
 import numpy as np
 
-from .._files import atomic_path
 from .._grid import Grid
 from ..lensing import critical_curves
 from ..objective import Objective
@@ -34,7 +33,7 @@ def plot_subhalo_scan(
     from matplotlib.colors import Normalize
     from matplotlib.patches import Rectangle
 
-    from ..plot import _extent, asinh_stretch
+    from ..plot import _extent, asinh_stretch, save_figure
 
     term = objective.imaging_terms()[0]
     im = term.imaging
@@ -87,12 +86,4 @@ def plot_subhalo_scan(
             shown = ax.imshow(resid, origin="lower", extent=ext, cmap="RdBu_r", vmin=-5, vmax=5)
             fig.colorbar(shown, ax=ax, shrink=0.8, label="(data - model) / noise")
         ax.set_title(label)
-    for ax in axes:
-        ax.set_xlabel("x [arcsec]")
-        ax.set_ylabel("y [arcsec]")
-    if title:
-        fig.suptitle(title)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    return str(path)
+    return save_figure(fig, axes, path, title)
