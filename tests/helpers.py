@@ -10,6 +10,19 @@ from equilens import light, mass
 
 def example_mass_profiles() -> dict[str, mass.AbstractMassProfile]:
     """One example instance of every final mass profile, away from special values."""
+    from equilens import LensCosmology
+    from equilens.subhalo import Subhalo
+
+    subhalo = Subhalo(
+        log10_mass=10.8,
+        u=0.3,
+        v=-0.4,
+        cell_x=0.1,
+        cell_y=-0.2,
+        half=0.5,
+        host_theta_E=1.2,
+        cosmology=LensCosmology(0.3, 1.2),
+    )
     sie = mass.SIE(theta_E=1.2, e1=0.12, e2=-0.08, center_x=0.05, center_y=-0.03)
     return {
         "SIS": mass.SIS(theta_E=1.1, center_x=0.05, center_y=-0.03),
@@ -21,6 +34,7 @@ def example_mass_profiles() -> dict[str, mass.AbstractMassProfile]:
         ),
         "TNFW": mass.TNFW(Rs=0.4, alpha_Rs=0.15, r_trunc=1.3, center_x=0.2, center_y=-0.1),
         "PseudoJaffe": mass.PseudoJaffe(sigma0=0.8, Ra=0.05, Rs=0.6, center_x=-0.2, center_y=0.3),
+        "Subhalo": subhalo,  # a TNFW of M200 = 10^10.8 Msun (Rs ~ 1.1", r_t ~ 0.8")
         "PointMass": mass.PointMass(theta_E=0.6, center_x=0.1, center_y=0.1),
         "ExternalShear": mass.ExternalShear(gamma1=0.04, gamma2=-0.02, ra_0=0.1, dec_0=0.0),
         "ConvergenceSheet": mass.ConvergenceSheet(kappa=0.07, ra_0=0.1, dec_0=0.0),

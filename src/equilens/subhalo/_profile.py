@@ -25,7 +25,7 @@ from typing import Literal
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._checks import POSITIVE, describe
+from .._checks import POSITIVE, Domain, describe
 from .._custom_types import FloatScalar, GridArray, as_float
 from ..cosmology import LensCosmology
 from ..mass import TNFW, AbstractMassProfile, PseudoJaffe
@@ -35,6 +35,11 @@ from ..mass._base import Deflection, Hessian
 PSEUDO_JAFFE_CORE = 1e-3
 #: The bounds of `Subhalo.log10_mass` (log10 Msun): the scan's log-uniform prior.
 MASS_RANGE = (6.0, 11.0)
+
+#: Where `log10_mass` is defined (log10 Msun: 1 Msun to 1e16 Msun) and where `u`, `v` are
+#: (the cell, edges included).
+_LOG10_MASS = Domain(0.0, 16.0)
+_IN_CELL = Domain(-1.0, 1.0)
 
 SubhaloKind = Literal["tnfw", "pseudo_jaffe"]
 _KINDS = ("tnfw", "pseudo_jaffe")
@@ -53,17 +58,20 @@ class Subhalo(AbstractMassProfile):
     meaning and the truncation radius, which uses `host_theta_E` (arcsec) and the
     redshifts and distances of `cosmology` (a `LensCosmology`).
 
-    Free in fits: `log10_mass` (bounds `MASS_RANGE`), `u`, `v` (bounds (-1, 1)); the rest
-    is held. `profile()` is the `TNFW` or `PseudoJaffe` it stands for; `center` its centre.
-    The Numba backend evaluates it through that profile's kernel.
+    Free in fits: `log10_mass` (bounds `MASS_RANGE`; defined on [0, 16]), `u`, `v` (bounds
+    and domain (-1, 1)); the rest is held. `profile()` is the `TNFW` or `PseudoJaffe` it
+    stands for; `center` its centre. The Numba backend evaluates it through that
+    profile's kernel.
     """
 
-    log10_mass: FloatScalar = eqx.field(converter=as_float, metadata=describe(bounds=MASS_RANGE))
+    log10_mass: FloatScalar = eqx.field(
+        converter=as_float, metadata=describe(domain=_LOG10_MASS, bounds=MASS_RANGE)
+    )
     u: FloatScalar = eqx.field(
-        converter=as_float, default=0.0, metadata=describe(bounds=(-1.0, 1.0))
+        converter=as_float, default=0.0, metadata=describe(domain=_IN_CELL, bounds=(-1.0, 1.0))
     )
     v: FloatScalar = eqx.field(
-        converter=as_float, default=0.0, metadata=describe(bounds=(-1.0, 1.0))
+        converter=as_float, default=0.0, metadata=describe(domain=_IN_CELL, bounds=(-1.0, 1.0))
     )
     cell_x: FloatScalar = eqx.field(converter=as_float, default=0.0, metadata=describe(fixed=True))
     cell_y: FloatScalar = eqx.field(converter=as_float, default=0.0, metadata=describe(fixed=True))
