@@ -430,6 +430,7 @@ def test_nonnegative_solve_kernel_is_the_jax_active_set():
 def _terms(truth, imaging):
     from equilens.terms import (
         GaussianPrior,
+        LogisticPrior,
         PoissonLikelihood,
         PositionsTerm,
         PositionsThreshold,
@@ -446,6 +447,7 @@ def _terms(truth, imaging):
         "positions_threshold": PositionsThreshold(xs, ys, threshold=0.05, sigma=0.001),
         "gaussian_prior": GaussianPrior(lambda m: m.mass.components[1].gamma1, 0.01, 0.05),
         "uniform_prior": UniformPrior(lambda m: m.mass.components[0].theta_E, 0.5, 2.0),
+        "logistic_prior": LogisticPrior(lambda m: m.mass.components[0].theta_E, 0.5, 2.0),
     }
 
 
@@ -460,6 +462,7 @@ def _terms(truth, imaging):
         "positions_threshold",
         "gaussian_prior",
         "uniform_prior",
+        "logistic_prior",
     ],
 )
 def test_term_values_match_jax(name):

@@ -15,8 +15,8 @@ import pytest
 import equilens as el
 from equilens import light, mass
 from equilens.solve import laplace_evidence
-from equilens.solve._laplace import LogisticPrior
 from equilens.subhalo import Subhalo, duffy_concentration, scan_cells, subhalo_scan
+from equilens.terms import LogisticPrior
 from helpers import slow_ci
 
 X64 = jax.config.read("jax_enable_x64")

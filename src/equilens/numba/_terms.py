@@ -28,6 +28,7 @@ from ..terms import (
     AbstractTerm,
     GaussianLikelihood,
     GaussianPrior,
+    LogisticPrior,
     MultiBandTerm,
     PoissonLikelihood,
     PositionsTerm,
@@ -35,8 +36,10 @@ from ..terms import (
     UniformPrior,
 )
 from ..terms._formulas import (
+    LOGISTIC_CONSTANT,
     gaussian_normalisation,
     log_volume,
+    logistic_residuals,
     poisson_deviance,
     standardised,
     threshold_excess,
@@ -299,6 +302,13 @@ def _gaussian_prior(term: GaussianPrior, model: Any) -> float:
     mean, sigma = np.asarray(term.mean, np.float64), np.asarray(term.sigma, np.float64)
     r = standardised(np, value, mean, sigma)
     return float(0.5 * np.dot(r, r) + gaussian_normalisation(np.sum(np.log(sigma)), sigma.size))
+
+
+@register_term(LogisticPrior)
+def _logistic_prior(term: LogisticPrior, model: Any) -> float:
+    value = np.asarray(term.where(model), np.float64)
+    r = logistic_residuals(np, value, term.lower, term.upper)
+    return float(0.5 * np.dot(r, r) + LOGISTIC_CONSTANT * r.size)
 
 
 @register_term(UniformPrior)

@@ -37,7 +37,6 @@ from jaxtyping import PyTree
 
 from ..objective import Objective, Parametrisation
 from ..objective._params import Bounds, Where
-from ..terms import AbstractLeastSquaresTerm
 from ._covariance import SMOOTHING_STEP, _inverse_pd, _value_hessian
 from ._parametrise import parametrisation
 
@@ -48,36 +47,6 @@ LAPLACE_MAX_STEP = 4.0
 #: The step (unconstrained coordinates, float64; 30 times it in float32) of the central
 #: differences of the gradient that give the Hessian.
 LAPLACE_STEP = 1e-3
-
-
-class LogisticPrior(AbstractLeastSquaresTerm):
-    """The uniform prior on `(lower, upper)` of the parameter(s) `where(model)` picks, as a
-    density over the fit's unconstrained coordinate `z = logit((theta - lower) / (upper -
-    lower))`: `-log(s (1 - s))`, `s = sigmoid(z)` (the Jacobian of the bounded map). A fit
-    with it finds the mode of the integrand `laplace_evidence` approximates, which is finite
-    in `z` even where the data push the parameter onto a bound (without it the fit chases
-    the bound to infinity in `z`). Least-squares form: residual `2 sign(z) sqrt(log
-    cosh(z / 2))`, constant `2 log 2` per element, so `0.5 r^2 + constant = -log(s (1-s))`.
-    """
-
-    where: Callable[[PyTree[Any]], Any] = eqx.field(static=True)  # picks a scalar
-    lower: float = eqx.field(static=True)
-    upper: float = eqx.field(static=True)
-
-    def residuals(self, model: PyTree[Any]) -> Any:
-        theta = jnp.reshape(self.where(model), (-1,))
-        z = jnp.log(theta - self.lower) - jnp.log(self.upper - theta)
-        w = 0.5 * z
-        a = jnp.abs(w)
-        small = a < 1e-3
-        safe = jnp.where(small, 1.0, w)
-        # log cosh(w) / (w^2 / 2): a series near 0, the stable form elsewhere
-        lc = jnp.abs(safe) + jnp.log1p(jnp.exp(-2 * jnp.abs(safe))) - math.log(2.0)
-        ratio = jnp.where(small, 1.0 - w * w / 6.0, lc / (0.5 * safe * safe))
-        return z / math.sqrt(2.0) * jnp.sqrt(ratio)
-
-    def constant(self) -> Any:
-        return jnp.asarray(2.0 * math.log(2.0))
 
 
 class LaplaceEvidence(eqx.Module):

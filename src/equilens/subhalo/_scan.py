@@ -36,9 +36,9 @@ from ..objective import Objective
 from ..objective._params import Bounds, Where
 from ..solve import RESULTS, FitResult, fit, fit_batch, pick
 from ..solve._batch import BatchRoute, batch_route
-from ..solve._laplace import LaplaceEvidence, LogisticPrior, laplace_evidence
+from ..solve._laplace import LaplaceEvidence, laplace_evidence
 from ..solve._parametrise import parametrisation
-from ..terms import LogEvidence
+from ..terms import LogEvidence, LogisticPrior
 from ._grid import scan_cells
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
 

@@ -23,4 +23,8 @@ from ._positions import (
     PositionsTerm as PositionsTerm,
     PositionsThreshold as PositionsThreshold,
 )
-from ._priors import GaussianPrior as GaussianPrior, UniformPrior as UniformPrior
+from ._priors import (
+    GaussianPrior as GaussianPrior,
+    LogisticPrior as LogisticPrior,
+    UniformPrior as UniformPrior,
+)

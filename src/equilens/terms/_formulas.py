@@ -47,3 +47,23 @@ def standardised(xp, value, mean, sigma):
 def log_volume(xp, lower, upper):
     """`sum log(upper - lower)`: a `UniformPrior`'s value inside its box."""
     return xp.sum(xp.log(upper - lower))
+
+
+#: `LogisticPrior`'s constant per element: `-log(s (1 - s))` at its minimum, `s = 1/2`.
+LOGISTIC_CONSTANT = 2.0 * math.log(2.0)
+
+
+def logistic_residuals(xp, theta, lower, upper):
+    """`LogisticPrior`'s residuals `2 sign(z) sqrt(log cosh(z / 2))`, `z = logit((theta -
+    lower) / (upper - lower))`, flattened: `0.5 r^2 + LOGISTIC_CONSTANT = -log(s (1 - s))`,
+    `s = sigmoid(z)`. Near `z = 0`, `log cosh(w) / (w^2 / 2)` by its series (smooth there,
+    finite gradient)."""
+    theta = xp.reshape(theta, (-1,))
+    z = xp.log(theta - lower) - xp.log(upper - theta)
+    w = 0.5 * z
+    small = xp.abs(w) < 1e-3
+    safe = xp.where(small, 1.0, w)
+    a = xp.abs(safe)
+    log_cosh = a + xp.log1p(xp.exp(-2 * a)) - math.log(2.0)
+    ratio = xp.where(small, 1.0 - w * w / 6.0, log_cosh / (0.5 * safe * safe))
+    return z / math.sqrt(2.0) * xp.sqrt(ratio)
