@@ -260,12 +260,4 @@ def plot_reconstruction(
         ax.plot(traced[0], traced[1], "x", color="lime", ms=7, mew=1.5)
         ax.set_xlim(zoom[:2])
         ax.set_ylim(zoom[2:])
-    for ax in axes:
-        ax.set_xlabel("x [arcsec]")
-        ax.set_ylabel("y [arcsec]")
-    if title:
-        fig.suptitle(title)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    return str(path)
+    return save_figure(fig, axes, path, title)

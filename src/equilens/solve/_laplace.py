@@ -209,7 +209,7 @@ def laplace_evidence(
         accepted = False
         for t in (1.0, 0.5, 0.25, 0.125):
             trial = unravel(jnp.asarray(np.asarray(z) + t * dz, z.dtype))
-            ft = float(_value_and_grad(objective, param, model, trial, norm)[0])
+            ft = float(_value(objective, param, model, trial, norm))
             if np.isfinite(ft) and ft < f:
                 z, accepted = jnp.asarray(np.asarray(z) + t * dz, z.dtype), True
                 break
