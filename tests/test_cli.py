@@ -906,6 +906,8 @@ def _subhalo_args(paths, *extra):
         (("--mass", "sie+banana"), "unknown mass profile 'banana'"),
         (("--band", "a", "b", "c"), "one image"),
         (("--source", "sersic", "--mesh", "adaptive"), "--mesh is an option of --source pixelized"),
+        (("--workers", "0"), "--workers must be between 1 and"),
+        (("--scheduler", "tcp://127.0.0.1:9", "--workers", "2"), "exclude each other"),
     ],
 )
 def test_subhalo_bad_input_is_one_line_and_nonzero(fits_files, tmp_path, capsys, extra, message):
@@ -918,6 +920,7 @@ def test_subhalo_bad_input_is_one_line_and_nonzero(fits_files, tmp_path, capsys,
 
 @slow_ci
 def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(fits_files, tmp_path):
+    pytest.importorskip("distributed")
     out = tmp_path / "scan.json"
     argv = _subhalo_args(
         fits_files,
@@ -929,6 +932,8 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(fits_
         "2",
         "--kind",
         "pseudo_jaffe",
+        "--workers",  # the cells on a local Dask cluster (the extra `cluster`)
+        "2",
     )
     assert main([*argv, "--json", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -943,3 +948,26 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(fits_
     assert result["z_lens"] == 0.3 and "x grows with the column index" in result["convention"]
     assert (tmp_path / "scan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 5
+
+
+@slow_ci
+def test_subhalo_scheduler_connects_by_address_or_file_and_refuses_a_silent_one(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    from equilens.cli._subhalo import dask_client
+
+    with distributed.LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
+        address = cluster.scheduler_address
+        with dask_client(address, 1) as client:
+            assert client.scheduler.address == address
+            assert len(client.scheduler_info()["workers"]) == 1
+        file = tmp_path / "scheduler.json"
+        file.write_text(json.dumps({"address": address}))
+        with dask_client(str(file), 1) as client:
+            assert client.scheduler.address == address
+    with dask_client(None, 1) as client:
+        assert client is None
+    with pytest.raises(ValueError, match="no Dask scheduler answered"):
+        with dask_client("tcp://127.0.0.1:9", 1):
+            pass

@@ -11,7 +11,7 @@ from ._fit import run_fit, run_fit_multiband
 from ._partial import Partial
 from ._sample import run_sample
 from ._source import REGULARIZATIONS
-from ._subhalo import run_subhalo
+from ._subhalo import MAX_WORKERS, dask_client, run_subhalo
 
 #: The most cells per side of `equilens subhalo --grid`.
 MAX_GRID = 20
@@ -250,6 +250,19 @@ def main(argv: list[str] | None = None) -> int:
     shp.add_argument("--supersampling", type=int, default=1, help="sub-pixels per pixel side")
     shp.add_argument("--solver", default="lm", help="solver of the parametric fit")
     shp.add_argument("--max-steps", type=int, default=None, help="solver steps per fit")
+    shp.add_argument(
+        "--scheduler",
+        help="address of a running Dask scheduler (tcp://HOST:PORT, or a scheduler file's "
+        "path): the cells run on its workers (pip install equilens[cluster])",
+    )
+    shp.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="N > 1: the cells run on a Dask LocalCluster of N one-thread worker processes "
+        "on this machine, each compiling once (pip install equilens[cluster]; default 1: "
+        "one cell after another in this process)",
+    )
     shp.add_argument("--json", required=True, help="output JSON path (PNG written beside it)")
     args = parser.parse_args(argv)
     if args.command != "demo":
@@ -382,26 +395,32 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
     args.positions = args.positions_sigma = None
     args.power_law = False
     args.fixed_mask = True
+    if args.scheduler is not None and args.workers != 1:
+        raise ValueError("--scheduler and --workers exclude each other (the scheduler has its own)")
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise ValueError(f"--workers must be between 1 and {MAX_WORKERS}, got {args.workers}")
     _check_numbers(args)
     imaging = _imaging(args)
     _check_model(args, imaging, None)
-    return run_subhalo(
-        imaging,
-        args.json,
-        args.z_lens,
-        args.z_source,
-        mass=args.mass,
-        lens_light=_lens_light(args),
-        source=args.source,
-        kind=args.kind,
-        grid=args.grid,
-        solver=args.solver,
-        max_steps=args.max_steps,
-        mesh=args.mesh,
-        regularization="constant" if args.regularization is None else args.regularization,
-        strength=args.regularization_strength,
-        partial=partial,
-    )
+    with dask_client(args.scheduler, args.workers) as client:
+        return run_subhalo(
+            imaging,
+            args.json,
+            args.z_lens,
+            args.z_source,
+            mass=args.mass,
+            lens_light=_lens_light(args),
+            source=args.source,
+            kind=args.kind,
+            grid=args.grid,
+            solver=args.solver,
+            max_steps=args.max_steps,
+            mesh=args.mesh,
+            regularization="constant" if args.regularization is None else args.regularization,
+            strength=args.regularization_strength,
+            partial=partial,
+            client=client,
+        )
 
 
 def _exit(out: dict[str, str], what: str | None = None) -> int:

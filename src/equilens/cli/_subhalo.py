@@ -1,9 +1,11 @@
 """`equilens subhalo`: the smooth fit of `equilens fit`, then the subhalo scan over its
 arcs (`equilens.subhalo_scan`), written as JSON and a figure."""
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ._parametric import parametric_fit
@@ -16,6 +18,48 @@ CONVENTION = (
     "row index, the origin at the centre of the (cropped) image; for an image with north up "
     "and east left, x points west and y north"
 )
+
+#: The most `--workers` of a local Dask cluster.
+MAX_WORKERS = 256
+
+
+@contextlib.contextmanager
+def dask_client(scheduler: str | None, workers: int) -> Iterator[Any]:
+    """The Dask client the cells run on: connected to `scheduler` (an address, or a
+    scheduler file's path), or a `LocalCluster` of `workers` one-thread worker processes
+    for `workers > 1` (closed on exit); None (the cells in this process) otherwise."""
+    if scheduler is None and workers == 1:
+        yield None
+        return
+    try:
+        import distributed
+    except ImportError as e:
+        raise ValueError(
+            "--scheduler and --workers need Dask's distributed: pip install 'equilens[cluster]'"
+        ) from e
+    if scheduler is not None:
+        if os.path.isfile(scheduler):
+            client = distributed.Client(scheduler_file=scheduler)
+        else:
+            try:
+                client = distributed.Client(scheduler, timeout=30)
+            except OSError as e:
+                raise ValueError(
+                    f"--scheduler {scheduler}: no Dask scheduler answered ({e})"
+                ) from e
+        with client:
+            n = len(client.scheduler_info()["workers"])
+            print(f"equilens: cells on the Dask scheduler at {scheduler} ({n} workers now)")
+            yield client
+        return
+    with (
+        distributed.LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        print(f"equilens: cells on a local Dask cluster of {workers} one-thread workers")
+        yield client
 
 
 def run_subhalo(
@@ -37,13 +81,15 @@ def run_subhalo(
     partial: Partial | None = None,
     title: str = "",
     extra: dict | None = None,
+    client: Any = None,
 ) -> dict[str, str]:
     """Fits the smooth model to `imaging` as `equilens fit` does (the parametric fit, then
     for `source="pixelized"` the evidence chain), then scans a `grid` x `grid` grid of
     cells over the mask for a subhalo of profile `kind` (`equilens.subhalo_scan`, each
     finished cell appended to `OUT_cells.jsonl` beside the JSON: a rerun resumes from it).
     Writes the JSON (the best subhalo, every cell's log-evidence, the smooth model's) and
-    the figure (`.png`). Returns the paths and, under `"status"`, `"successful"` or what
+    the figure (`.png`). With a Dask `client`, the cells run on its workers. Returns
+    the paths and, under `"status"`, `"successful"` or what
     failed (the smooth fit, or how many cells)."""
     from ..cosmology import LensCosmology
     from ..objective import Objective
@@ -105,6 +151,7 @@ def run_subhalo(
         solver=None if solver == "lm" and pixelized else solver,
         max_steps=500 if max_steps is None else max_steps,
         checkpoint=cells,
+        client=client,
         progress=progress,
         log=None if progress else print,
     )
