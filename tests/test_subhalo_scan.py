@@ -244,6 +244,22 @@ def test_scan_of_a_lens_without_subhalo_finds_none():
 
 
 @slow_ci
+def test_a_cell_fit_that_ends_worse_than_the_smooth_model_is_redone_from_a_quiet_subhalo():
+    # cells started at 10^10.8 Msun and given 3 steps end far worse than the smooth model
+    # (the subhalo still massive); each is then fitted again from a negligible subhalo,
+    # where the cell model is the smooth model, and the better fit kept: no cell loses more
+    # than its Occam factor (the subhalo's prior volume), where the first fits lost hundreds
+    objective, start = _lens(False)
+    smooth = el.fit(objective, start, covariance=False)
+    centres = np.asarray([[0.1, 0.8], [-0.8, -0.6]])
+    kw = dict(grid=centres, half=0.3, kind="pseudo_jaffe", progress=False, max_steps=3)
+    scan = subhalo_scan(objective, smooth, LC, start_log10_mass=10.8, **kw)
+    assert scan.failed == 0
+    assert np.all(scan.delta_log_evidence > -15), scan.delta_log_evidence
+    assert all(fit.mass.components[-1].log10_mass < 9.0 for fit in scan.fits)
+
+
+@slow_ci
 def test_scan_on_a_dask_cluster_of_two_workers_equals_the_scan_in_one_process():
     distributed = pytest.importorskip("distributed")
     objective, start = _lens(True)

@@ -45,6 +45,9 @@ from ._profile import MASS_RANGE, Subhalo, SubhaloKind
 #: A cell's `(log-evidence, status, fitted model, 1-sigma errors of the subhalo's u, v and
 #: log10_mass)`.
 CellRecord = tuple[float, str, Any, dict[str, float]]
+#: The quiet start of a cell fit (`_no_worse_than_smooth`): the subhalo's log10 mass this
+#: far (dex) above the prior's lower bound, a negligible perturber.
+QUIET_DEX = 0.5
 #: A cell's status when its fit ran out of steps (its evidence is still computed).
 MAX_STEPS_STATUS = "successful (the fit reached max_steps; evidence from where it stopped)"
 #: The checkpoint's format version (a file of another version is not resumed from).
@@ -217,9 +220,11 @@ def subhalo_scan(
       their half-width.
     - `kind`: the subhalo's profile, `"tnfw"` or `"pseudo_jaffe"` (`Subhalo`);
       `mass_range`: its `log10_mass` bounds (log10 Msun, the log-uniform prior; default
-      `MASS_RANGE`, 1e6-1e11); `start_log10_mass`: each cell fit's start;
-      `host_theta_E`: the host's Einstein radius (arcsec) for the subhalo's truncation,
-      default the smooth model's first mass component's `theta_E`.
+      `MASS_RANGE`, 1e6-1e11); `start_log10_mass`: each cell fit's start (a fit that
+      ends worse than the cell model with a negligible subhalo, `QUIET_DEX` above the
+      lower bound, is done again from there and the better kept: a subhalo model holds
+      the smooth one); `host_theta_E`: the host's Einstein radius (arcsec) for the
+      subhalo's truncation, default the smooth model's first mass component's `theta_E`.
     - `free`, `bounds`: the smooth model's free parameters and their bounds (as in
       `equilens.fit`; the subhalo's `log10_mass`, `u` and `v` are added); the same for
       both models, so their shared priors cancel in the comparison. `bounds` `where`
@@ -356,7 +361,20 @@ def subhalo_scan(
 
     todo = [i for i in range(n) if i not in done]
     bar = _bar(len(todo), progress)
-    setup = (objective, cell_objective, template, solver, sub_free, sub_bounds, max_steps, evidence)
+    # the quiet start: a subhalo of negligible mass (QUIET_DEX above the prior's lower
+    # bound), where the cell model is the smooth model
+    quiet = lo + QUIET_DEX
+    setup = (
+        objective,
+        cell_objective,
+        template,
+        solver,
+        sub_free,
+        sub_bounds,
+        max_steps,
+        evidence,
+        quiet,
+    )
     if client is not None:
         finished = _on_dask(client, setup, centres, todo)
     elif todo and batch_route(route, mesh) == "vmap":
@@ -443,16 +461,18 @@ def _in_cell(template: LensSystem, centre: np.ndarray, dtype: Any) -> LensSystem
 def _cell_task(setup: tuple[Any, ...], centre: np.ndarray) -> CellRecord:
     """One cell of the scan from what every cell shares (`setup`) and its centre: what a
     Dask worker runs."""
-    objective, cell_objective, template, solver, free, bounds, max_steps, evidence = setup
+    objective, cell_objective, template, solver, free, bounds, max_steps, evidence, quiet = setup
     dtype = template.mass.components[-1].log10_mass.dtype
     start = _in_cell(template, centre, dtype)
-    return _fit_cell(objective, cell_objective, start, solver, free, bounds, max_steps, evidence)
+    fitted = _fit(cell_objective, start, solver, free, bounds, max_steps)
+    fitted = _no_worse_than_smooth(fitted, cell_objective, start, quiet, setup)
+    return _cell_evidence(objective, fitted, free, bounds, evidence)
 
 
 def _vmapped(setup: tuple[Any, ...], centres: np.ndarray, todo: list[int], mesh: Any):
     """`(cell, record)` of the cells `todo`: their fits as one `fit_batch` (vectorised,
     split over `mesh`'s devices), then each one's evidence."""
-    objective, cell_objective, template, solver, free, bounds, max_steps, evidence = setup
+    objective, cell_objective, template, solver, free, bounds, max_steps, evidence, quiet = setup
     dtype = template.mass.components[-1].log10_mass.dtype
     starts = [_in_cell(template, centres[i], dtype) for i in todo]
     stacked = jtu.tree_map(lambda *x: jnp.stack(x) if eqx.is_array(x[0]) else x[0], *starts)
@@ -468,7 +488,8 @@ def _vmapped(setup: tuple[Any, ...], centres: np.ndarray, todo: list[int], mesh:
         route="vmap",
     )
     for k, i in enumerate(todo):
-        yield i, _cell_evidence(objective, pick(batch, k), free, bounds, evidence)
+        fitted = _no_worse_than_smooth(pick(batch, k), cell_objective, starts[k], quiet, setup)
+        yield i, _cell_evidence(objective, fitted, free, bounds, evidence)
 
 
 def _x64(enabled: bool) -> None:
@@ -497,19 +518,17 @@ def _on_dask(client: Any, setup: tuple[Any, ...], centres: np.ndarray, todo: lis
         yield futures[future], future.result()
 
 
-def _fit_cell(
-    objective: Objective,
+def _fit(
     cell_objective: Objective,
     start: LensSystem,
     solver: str,
     free: Any,
     bounds: Mapping[Where, Bounds],
     max_steps: int,
-    evidence: Callable[..., LaplaceEvidence],
-) -> CellRecord:
-    """One cell: the fit (of `cell_objective`: `objective` and the subhalo's priors in the
-    fit's coordinates), then its Laplace evidence; `(log E, status, model)`."""
-    r = fit(
+) -> FitResult:
+    """A cell's fit of `cell_objective` (the scan's objective and the subhalo's priors in
+    the fit's coordinates) from `start`."""
+    return fit(
         cell_objective,
         start,
         solver,
@@ -519,7 +538,37 @@ def _fit_cell(
         throw=False,
         covariance=False,
     )
-    return _cell_evidence(objective, r, free, bounds, evidence)
+
+
+@eqx.filter_jit
+def _value(objective: Objective, model: Any) -> Any:
+    return objective(model)
+
+
+def _no_worse_than_smooth(
+    fitted: FitResult,
+    cell_objective: Objective,
+    start: LensSystem,
+    quiet: float,
+    setup: tuple[Any, ...],
+) -> FitResult:
+    """`fitted`, or the fit from the quiet start (the subhalo of `quiet` log10 Msun: the
+    smooth model) when `fitted` ended worse than that start: a model with a subhalo holds
+    the smooth one, so its fit must do at least as well (from the start at 1e9 Msun, a
+    fit can stop in a worse local minimum: a subhalo at the mask's edge, the macro model
+    pulled away); the better of the two is kept."""
+    _, _, _, solver, free, bounds, max_steps, _, _ = setup
+    low = eqx.tree_at(
+        lambda s: s.mass.components[-1].log10_mass,
+        start,
+        jnp.asarray(quiet, start.mass.components[-1].log10_mass.dtype),  # pyright: ignore[reportAttributeAccessIssue]
+    )
+    at_fit = float(_value(cell_objective, fitted.model))
+    if at_fit <= float(_value(cell_objective, low)):
+        return fitted
+    again = _fit(cell_objective, low, solver, free, bounds, max_steps)
+    value = float(_value(cell_objective, again.model))
+    return again if math.isfinite(value) and not value >= at_fit else fitted
 
 
 def _cell_evidence(
