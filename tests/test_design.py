@@ -100,6 +100,7 @@ NOT_MODULES = {
     "MaskGrowth",
     "Search",
     "SubhaloScan",
+    "SubhaloEvidence",
     "RESULTS",
     "Domain",
 }

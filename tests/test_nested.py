@@ -177,15 +177,21 @@ def test_summary_dict_arviz_and_refusals():
     with pytest.raises(ValueError, match="n_live"):
         el.nested_sample(like, model, free=free, n_live=3)
     # amp: Gaussian "likelihood" N(2, 0.3), uniform prior (0, 5); R_sersic: uniform prior
-    # (0.2, 0.9), flat likelihood
-    problem = el.Objective(
-        [
-            like.terms[0],
-            el.UniformPrior(lambda s: s.amp, 0.0, 5.0),
-            el.UniformPrior(lambda s: s.R_sersic, 0.2, 0.9),
-        ]
+    # (0.2, 0.9) given as an interval, flat likelihood
+    problem = el.Objective([like.terms[0], el.UniformPrior(lambda s: s.amp, 0.0, 5.0)])
+    with pytest.raises(ValueError, match="'Rs', not a free parameter"):
+        el.nested_sample(problem, model, free=free, intervals={"Rs": (0.2, 0.9)})
+    with pytest.raises(ValueError, match="lower < upper"):
+        el.nested_sample(problem, model, free=free, intervals={"R_sersic": (0.9, 0.2)})
+    post = el.nested_sample(
+        problem,
+        model,
+        free=free,
+        intervals={"R_sersic": (0.2, 0.9), "amp": (1.9, 2.1)},  # (amp keeps its prior)
+        seed=0,
+        threads=1,
+        **FAST,
     )
-    post = el.nested_sample(problem, model, free=free, seed=0, threads=1, **FAST)
     k = post.names.index("amp")
     assert post.backend == "jax"  # (no Numba kernel for the user's term)
     # log Z: the normal's integral over (0, 5) (1 to 1e-10) / 5
@@ -195,6 +201,7 @@ def test_summary_dict_arviz_and_refusals():
     p = d["parameters"]["amp"]
     assert p["p16"] < p["p50"] < p["p84"] and p["mean"] == pytest.approx(2.0, abs=0.03)
     assert d["parameters"]["R_sersic"]["prior"] == pytest.approx([0.2, 0.9])
+    assert d["parameters"]["amp"]["prior"] == pytest.approx([0.0, 5.0])  # its UniformPrior
     assert d["log_evidence"] == post.log_evidence and d["sampler"] == "nautilus"
     text = post.summary()
     assert "log Z" in text and "R_sersic" in text

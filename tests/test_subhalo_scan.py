@@ -260,6 +260,50 @@ def test_a_cell_fit_that_ends_worse_than_the_smooth_model_is_redone_from_a_quiet
 
 
 @slow_ci
+def test_nested_sampling_of_the_best_cell_agrees_with_the_laplace_evidence():
+    pytest.importorskip("nautilus")
+    objective, start = _lens(True)
+    smooth = el.fit(objective, start, covariance=False)
+    scan = subhalo_scan(
+        objective,
+        smooth,
+        LC,
+        grid=np.asarray([[0.1, 0.8]]),
+        half=0.3,
+        kind="pseudo_jaffe",
+        progress=False,
+    )
+    nested = el.subhalo_evidence(scan, objective, n_live=300, n_eff=600, n_networks=1)
+    assert nested.cell == 0 and nested.laplace_delta_log_evidence == scan.best["delta_log_evidence"]
+    err = nested.delta_log_evidence_error
+    assert 0 < err < 0.3
+    # the two integrals of the same posteriors: the Laplace approximation is good to a few
+    # units on a difference of about a thousand (the subhalo's mass posterior is near
+    # normal in log10 mass)
+    assert nested.delta_log_evidence > 100
+    assert abs(nested.delta_log_evidence - nested.laplace_delta_log_evidence) < 5 + 3 * err
+    sub = nested.subhalo
+    for key in ("center_x", "center_y", "log10_mass", "mass_within_1kpc"):
+        assert sub[key][0] < sub[key][1] < sub[key][2]
+    # the truth (0, 0.9), 10^9.7 Msun inside the posterior's 16-84% (widened by 0.02" and
+    # 0.05 dex for the one noise draw's scatter)
+    assert sub["center_x"][0] - 0.02 < 0.0 < sub["center_x"][2] + 0.02
+    assert sub["center_y"][0] - 0.02 < 0.9 < sub["center_y"][2] + 0.02
+    assert sub["log10_mass"][0] - 0.05 < 9.7 < sub["log10_mass"][2] + 0.05
+    d = nested.to_dict()
+    json.dumps(d)
+    assert d["with_subhalo"]["n_eff"] >= 600
+    # the shared parameters' priors are the same intervals in both runs
+    names = set(nested.smooth.names)
+    for k, name in enumerate(nested.with_subhalo.names):
+        if name in names:
+            j = nested.smooth.names.index(name)
+            np.testing.assert_array_equal(nested.with_subhalo.box[k], nested.smooth.box[j])
+    with pytest.raises(ValueError, match="cell must be"):
+        el.subhalo_evidence(scan, objective, cell=3)
+
+
+@slow_ci
 def test_scan_on_a_dask_cluster_of_two_workers_equals_the_scan_in_one_process():
     distributed = pytest.importorskip("distributed")
     objective, start = _lens(True)

@@ -79,7 +79,13 @@ from .source import (
     PixelizedSource as PixelizedSource,
     RectangularMesh as RectangularMesh,
 )
-from .subhalo import Subhalo as Subhalo, SubhaloScan as SubhaloScan, subhalo_scan as subhalo_scan
+from .subhalo import (
+    Subhalo as Subhalo,
+    SubhaloEvidence as SubhaloEvidence,
+    SubhaloScan as SubhaloScan,
+    subhalo_evidence as subhalo_evidence,
+    subhalo_scan as subhalo_scan,
+)
 from .terms import (
     GaussianLikelihood as GaussianLikelihood,
     GaussianPrior as GaussianPrior,

@@ -263,6 +263,14 @@ def main(argv: list[str] | None = None) -> int:
         "on this machine, each compiling once (pip install equilens[cluster]; default 1: "
         "one cell after another in this process)",
     )
+    shp.add_argument(
+        "--nested",
+        action="store_true",
+        help="also the best cell's Delta log-evidence by nested sampling of both models "
+        "(nautilus, the same priors), with its error and the subhalo's posterior (pip "
+        "install equilens[sampling]; minutes to hours: a pixelized source's likelihood "
+        "on every core)",
+    )
     shp.add_argument("--json", required=True, help="output JSON path (PNG written beside it)")
     args = parser.parse_args(argv)
     if args.command != "demo":
@@ -397,6 +405,11 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
     args.fixed_mask = True
     if args.scheduler is not None and args.workers != 1:
         raise ValueError("--scheduler and --workers exclude each other (the scheduler has its own)")
+    if args.nested:
+        import importlib.util
+
+        if importlib.util.find_spec("nautilus") is None:
+            raise ValueError("--nested needs nautilus-sampler: pip install 'equilens[sampling]'")
     if not 1 <= args.workers <= MAX_WORKERS:
         raise ValueError(f"--workers must be between 1 and {MAX_WORKERS}, got {args.workers}")
     _check_numbers(args)
@@ -420,6 +433,7 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
             strength=args.regularization_strength,
             partial=partial,
             client=client,
+            nested=args.nested,
         )
 
 

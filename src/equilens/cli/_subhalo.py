@@ -82,19 +82,22 @@ def run_subhalo(
     title: str = "",
     extra: dict | None = None,
     client: Any = None,
+    nested: bool = False,
 ) -> dict[str, str]:
     """Fits the smooth model to `imaging` as `equilens fit` does (the parametric fit, then
     for `source="pixelized"` the evidence chain), then scans a `grid` x `grid` grid of
     cells over the mask for a subhalo of profile `kind` (`equilens.subhalo_scan`, each
     finished cell appended to `OUT_cells.jsonl` beside the JSON: a rerun resumes from it).
     Writes the JSON (the best subhalo, every cell's log-evidence, the smooth model's) and
-    the figure (`.png`). With a Dask `client`, the cells run on its workers. Returns
+    the figure (`.png`). With a Dask `client`, the cells run on its workers. `nested`:
+    the best cell's evidence difference by nested sampling too (`subhalo_evidence`, under
+    `"nested"` in the JSON). Returns
     the paths and, under `"status"`, `"successful"` or what
     failed (the smooth fit, or how many cells)."""
     from ..cosmology import LensCosmology
     from ..objective import Objective
     from ..solve import fit_lens, result_to_dict
-    from ..subhalo import plot_subhalo_scan, subhalo_scan
+    from ..subhalo import plot_subhalo_scan, subhalo_evidence, subhalo_scan
     from ..terms import GaussianLikelihood, LogEvidence
 
     if source not in ("pixelized", "sersic"):
@@ -157,6 +160,18 @@ def run_subhalo(
     )
     png = plot_subhalo_scan(scan, objective, base + ".png", title=title)
     out = scan.to_dict()
+    if nested and scan.fits[scan.best_index] is not None:
+        print("  nested sampling of the smooth model and of the best cell's (nautilus)")
+        ev = subhalo_evidence(scan, objective, progress=True)
+        out["nested"] = ev.to_dict()
+        q = ev.subhalo
+        print(
+            f"  nested: Delta log E {ev.delta_log_evidence:.2f} +- "
+            f"{ev.delta_log_evidence_error:.2f} (Laplace {ev.laplace_delta_log_evidence:.2f}); "
+            f'subhalo at ({q["center_x"][1]:+.3f}, {q["center_y"][1]:+.3f})", log10 mass '
+            f"{q['log10_mass'][1]:.2f} [{q['log10_mass'][0]:.2f}, {q['log10_mass'][2]:.2f}] "
+            f"({ev.wall_time:.0f} s)"
+        )
     out.update(extra or {})
     out["convention"] = CONVENTION
     out["source"] = source

@@ -18,6 +18,7 @@ import pickle
 import sys
 import time
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import equinox as eqx
@@ -251,6 +252,7 @@ def nested_sample(
     free: Any = None,
     bounds: Any = None,
     box_width: float | None = None,
+    intervals: Mapping[str, tuple[float, float]] | None = None,
     n_live: int = 1000,
     n_eff: int = 10000,
     f_live: float = 0.01,
@@ -282,6 +284,11 @@ def nested_sample(
       inside its bounds (a data-driven prior, like PyAutoLens's prior passing: state it
       when you quote the evidence). Without it, such a parameter's bounds must be finite
       (`bounds=` or a `UniformPrior`); a `ValueError` names those that are not.
+    - `intervals`: `{name: (lower, upper)}` (physical values; the names of
+      `FitResult.table()`): a uniform prior on that interval, inside the bounds (before
+      `box_width`, which then leaves it as it is); a parameter with a prior term keeps
+      that prior. The same intervals give two models compared by their evidence the
+      same priors on the parameters they share.
     - `n_live`, `n_eff`, `f_live`, `n_networks`: nautilus's live points, the effective
       sample size to reach, the live-set evidence fraction at which exploration stops and
       the neural networks per bound.
@@ -386,6 +393,23 @@ def nested_sample(
                 box[k] = (max(box[k, 0], lo[r]), min(box[k, 1], hi[r]))
                 has_prior[k] = True
 
+    given = np.zeros(n, bool)
+    for name, (lo, hi) in (intervals or {}).items():
+        if name not in names:
+            raise ValueError(f"nested_sample: intervals names {name!r}, not a free parameter")
+        k = names.index(name)
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ValueError(
+                f"nested_sample: the interval of {name} must be finite with lower < upper, "
+                f"got ({lo}, {hi})"
+            )
+        if has_prior[k]:
+            continue  # (its prior term is its prior)
+        box[k] = (max(box[k, 0], lo), min(box[k, 1], hi))
+        if not box[k, 0] < box[k, 1]:
+            raise ValueError(f"nested_sample: the interval of {name} is outside its bounds")
+        given[k] = True
+
     if box_width is not None:
         if not fitted:
             raise ValueError("nested_sample: box_width needs a FitResult start (its errors)")
@@ -400,7 +424,7 @@ def nested_sample(
                 "covariance failed): give bounds instead"
             )
         width = float(box_width) * err
-        no_prior = ~has_prior
+        no_prior = ~has_prior & ~given
         box[no_prior, 0] = np.maximum(box[no_prior, 0], v0[no_prior] - width[no_prior])
         box[no_prior, 1] = np.minimum(box[no_prior, 1], v0[no_prior] + width[no_prior])
     unbounded = [

@@ -94,8 +94,9 @@ class Subhalo(AbstractMassProfile):
             )
 
     @property
-    def center(self) -> tuple[FloatScalar, FloatScalar]:
-        """The subhalo's centre (arcsec)."""
+    def center(self) -> tuple[FloatScalar | float, FloatScalar | float]:
+        """The subhalo's centre (arcsec; NumPy scalars where the Numba backend has set
+        the fields)."""
         return self.cell_x + self.half * self.u, self.cell_y + self.half * self.v
 
     def profile(self) -> TNFW | PseudoJaffe:

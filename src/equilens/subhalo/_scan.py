@@ -71,7 +71,8 @@ class SubhaloScan:
     - `delta_log_evidence_grid`: the log-evidence of "a subhalo anywhere on the grid"
       (every cell equally likely: `logsumexp(log E) - log n`) minus the smooth one's;
     - `smooth`: the smooth model; `cosmology`; `wall_time` (s, this run's); `resumed`
-      (cells read from the checkpoint).
+      (cells read from the checkpoint); `mass_range`: the subhalo's `log10_mass` prior
+      bounds.
     """
 
     centres: np.ndarray
@@ -88,6 +89,7 @@ class SubhaloScan:
     cosmology: LensCosmology
     wall_time: float
     resumed: int
+    mass_range: tuple[float, float] = MASS_RANGE
 
     @property
     def failed(self) -> int:
@@ -430,6 +432,7 @@ def subhalo_scan(
         cosmology=cosmology,
         wall_time=time.perf_counter() - t0,
         resumed=len(done),
+        mass_range=(lo, hi),
     )
 
 
