@@ -340,14 +340,22 @@ def _bin(a: np.ndarray, over: int) -> np.ndarray:
 def lensed_source(lens: dict, stamps: list[np.ndarray]) -> np.ndarray:
     """The source's surface brightness at the sub-pixels of lens `lens` (unit total flux in
     the source plane, per arcsec^2), ray-traced by lenstronomy."""
-    import scipy.ndimage as nd
     from lenstronomy.LensModel.lens_model import LensModel
 
     spec = INSTRUMENTS[lens["instrument"]]
     x, y = _grid(spec, SUPERSAMPLE)
     names = ["EPL", "SHEAR"] + ["MULTIPOLE"] * (len(lens["mass"]) - 2)
     bx, by = LensModel(names).ray_shooting(x.ravel(), y.ravel(), lens["mass"])
-    src = lens["source"]
+    return stamp_brightness(lens["source"], stamps, bx, by).reshape(x.shape)
+
+
+def stamp_brightness(src: dict, stamps: list[np.ndarray], bx: np.ndarray, by: np.ndarray):
+    """The surface brightness (unit total flux, per arcsec^2) at source-plane positions
+    `(bx, by)` of the stamp `src["stamp"]` scaled to a half-light radius `src["r_half"]`
+    (arcsec), rotated by `src["rotation"]` and centred on `src["center_x"], ["center_y"]`
+    (cubic interpolation)."""
+    import scipy.ndimage as nd
+
     stamp = stamps[src["stamp"]]
     scale = src["r_half"] / half_light_radius(stamp)  # arcsec per stamp pixel
     yy, xx = np.indices(stamp.shape, dtype=float)
@@ -357,7 +365,7 @@ def lensed_source(lens: dict, stamps: list[np.ndarray]) -> np.ndarray:
     u = (np.cos(rot) * dx + np.sin(rot) * dy) / scale + cx
     v = (-np.sin(rot) * dx + np.cos(rot) * dy) / scale + cy
     sb = nd.map_coordinates(stamp, [v, u], order=3, mode="constant", cval=0.0)
-    return np.clip(sb, 0, None).reshape(x.shape) / scale**2
+    return np.clip(sb, 0, None) / scale**2
 
 
 def simulate(lens: dict, stamps: list[np.ndarray]) -> dict:

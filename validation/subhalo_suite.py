@@ -50,7 +50,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from realistic_suite import half_light_radius, hdf_galaxies, instrument_psf
+from realistic_suite import hdf_galaxies, instrument_psf, stamp_brightness
 
 SEED = 50  # issue 50
 N_LENSES = 10
@@ -135,7 +135,6 @@ def subhalo_kwargs(log10_mass: float, x: float, y: float, host_theta_e: float) -
 def arcs(lens: dict, stamps: list[np.ndarray], subhalo: dict | None) -> np.ndarray:
     """The arcs' surface brightness at the sub-pixels (unit total source flux per arcsec^2),
     ray-traced by lenstronomy through the macro model and `subhalo` (PJAFFE keywords)."""
-    import scipy.ndimage as nd
     from lenstronomy.LensModel.lens_model import LensModel
 
     x, y = _grid(SUPERSAMPLE)
@@ -143,17 +142,7 @@ def arcs(lens: dict, stamps: list[np.ndarray], subhalo: dict | None) -> np.ndarr
     if subhalo is not None:
         names, kwargs = [*names, "PJAFFE"], [*kwargs, subhalo]
     bx, by = LensModel(names).ray_shooting(x.ravel(), y.ravel(), kwargs)
-    src = lens["source"]
-    stamp = stamps[src["stamp"]]
-    scale = src["r_half"] / half_light_radius(stamp)  # arcsec per stamp pixel
-    yy, xx = np.indices(stamp.shape, dtype=float)
-    sy, sx = (stamp * yy).sum(), (stamp * xx).sum()
-    dx, dy = bx - src["center_x"], by - src["center_y"]
-    rot = src["rotation"]
-    u = (np.cos(rot) * dx + np.sin(rot) * dy) / scale + sx
-    v = (-np.sin(rot) * dx + np.cos(rot) * dy) / scale + sy
-    sb = nd.map_coordinates(stamp, [v, u], order=3, mode="constant", cval=0.0)
-    return np.clip(sb, 0, None).reshape(x.shape) / scale**2
+    return stamp_brightness(lens["source"], stamps, bx, by).reshape(x.shape)
 
 
 def simulate(lens: dict, stamps: list[np.ndarray]) -> dict:
