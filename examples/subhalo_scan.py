@@ -61,6 +61,10 @@ for (x, y), d in zip(scan.centres, scan.delta_log_evidence, strict=True):
     print(f'  cell at ({x:+.2f}, {y:+.2f})": Delta log E {d:9.1f}')
 best = scan.best
 print(
+    f"best cell refined by 3 x 3 sub-cells: Delta log E {best['cell_delta_log_evidence']:.1f} "
+    f"(coarse {scan.delta_log_evidence[scan.best_index]:.1f}); best sub-cell {best['sub_cell']}"
+)
+print(
     f"best subhalo at ({best['center_x']:+.3f} +- {best['center_x_error']:.3f}, "
     f'{best["center_y"]:+.3f} +- {best["center_y_error"]:.3f})" (truth (+0.050, +1.150)), '
     f"log10 mass {best['log10_mass']:.3f} +- {best['log10_mass_error']:.3f} (truth 10), "

@@ -907,6 +907,7 @@ def _subhalo_args(paths, *extra):
         (("--band", "a", "b", "c"), "one image"),
         (("--source", "sersic", "--mesh", "adaptive"), "--mesh is an option of --source pixelized"),
         (("--workers", "0"), "--workers must be between 1 and"),
+        (("--refine", "1"), "--refine must be 0 (none) or between 2 and"),
         (("--scheduler", "tcp://127.0.0.1:9", "--workers", "2"), "exclude each other"),
     ],
 )
@@ -934,6 +935,8 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(fits_
         "pseudo_jaffe",
         "--workers",  # the cells on a local Dask cluster (the extra `cluster`)
         "2",
+        "--refine",
+        "2",
     )
     assert main([*argv, "--json", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -944,10 +947,18 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(fits_
     assert len(cells) == 4 and all(c["status"] == "successful" for c in cells)
     # a lens simulated without a subhalo: no cell's evidence says there is one
     assert max(c["delta_log_evidence"] for c in cells) < 5
-    assert best["delta_log_evidence"] == max(c["delta_log_evidence"] for c in cells)
+    # the best cell refined by 2 x 2 sub-cells: nothing there either; best is its best
+    refined = result["refinement"]
+    subs = refined["sub_cells"]
+    assert len(subs) == 4 and all(c["status"] == "successful" for c in subs)
+    assert (
+        max(c["delta_log_evidence"] for c in cells) == cells[refined["cell"]]["delta_log_evidence"]
+    )
+    assert max(c["delta_log_evidence"] for c in subs) < 5
+    assert best["delta_log_evidence"] == max(c["delta_log_evidence"] for c in subs)
     assert result["z_lens"] == 0.3 and "x grows with the column index" in result["convention"]
     assert (tmp_path / "scan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 5
+    assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 1 + 4 + 4
 
 
 @slow_ci

@@ -178,57 +178,61 @@ def _lens(with_subhalo: bool, seed=1):
 
 
 @slow_ci
-def test_scan_finds_an_injected_subhalo_and_resumes_from_its_checkpoint(tmp_path):
+def test_scan_finds_an_injected_subhalo_refines_its_cell_and_resumes_from_its_checkpoint(
+    tmp_path,
+):
     objective, start = _lens(True)
     smooth = el.fit(objective, start, covariance=False)
     path = tmp_path / "cells.jsonl"
-    # the cell holding (0, 0.9) and one far from it
+    # the cell holding (0, 0.9) and one far from it; the best refined by 2 x 2 sub-cells
     centres = np.asarray([[0.1, 0.8], [-0.8, -0.6]])
-    scan = subhalo_scan(
-        objective,
-        smooth,
-        LC,
-        grid=centres,
-        half=0.3,
-        kind="pseudo_jaffe",
-        checkpoint=path,
-        progress=False,
-    )
+    kw = dict(grid=centres, half=0.3, kind="pseudo_jaffe", checkpoint=path, progress=False)
+    scan = subhalo_scan(objective, smooth, LC, refine=2, **kw)
     assert scan.failed == 0
     assert scan.best_index == 0
-    assert scan.best["delta_log_evidence"] > 10
+    coarse = float(scan.delta_log_evidence[0])
+    assert coarse > 10
+    # the refinement tiles the best cell: 4 sub-cells of half-width 0.15"
+    sub = scan.refinement
+    assert sub is not None and sub.failed == 0 and sub.half == pytest.approx(0.15)
+    np.testing.assert_allclose(
+        sub.centres, [[-0.05, 0.65], [0.25, 0.65], [-0.05, 0.95], [0.25, 0.95]], atol=1e-12
+    )
+    # the cell's evidence is the mean of its sub-cells' (a uniform position prior over the
+    # cell is the mean of the uniform priors over its quarters)
+    m = np.max(sub.log_evidence)
+    cell = m + math.log(np.mean(np.exp(sub.log_evidence - m))) - scan.smooth_log_evidence
+    assert scan.best["cell_delta_log_evidence"] == pytest.approx(cell, rel=1e-12)
+    # the two estimates of the cell's evidence agree to the Laplace approximation's few units
+    assert abs(cell - coarse) < 5
+    # best: the best sub-cell's subhalo, the one holding the truth (0, 0.9)
+    assert scan.best["cell"] == 0 and scan.best["sub_cell"] == 2
+    assert scan.best["delta_log_evidence"] == pytest.approx(float(np.max(sub.delta_log_evidence)))
+    assert scan.best_fit is sub.fits[2]
     assert math.hypot(scan.best["center_x"] - 0.0, scan.best["center_y"] - 0.9) < 0.1
     assert abs(scan.best["log10_mass"] - 9.7) < 0.3
     assert scan.best["mass_within_1kpc"] > 0
     out = scan.to_dict()
     json.dumps(out)  # JSON-ready
-    assert out["cells"][0]["delta_log_evidence"] == pytest.approx(scan.best["delta_log_evidence"])
+    assert out["cells"][0]["delta_log_evidence"] == pytest.approx(coarse)
+    assert out["refinement"]["cell"] == 0 and len(out["refinement"]["sub_cells"]) == 4
     lines = path.read_text().splitlines()
-    assert len(lines) == 3  # the header and two cells
-    again = subhalo_scan(
-        objective,
-        smooth,
-        LC,
-        grid=centres,
-        half=0.3,
-        kind="pseudo_jaffe",
-        checkpoint=path,
-        progress=False,
-    )
-    assert again.resumed == 2
+    assert len(lines) == 7  # the header, two cells and four sub-cells
+    again = subhalo_scan(objective, smooth, LC, refine=2, **kw)
+    assert again.resumed == 2 and again.refinement is not None
+    assert again.refinement.resumed == 4
     np.testing.assert_array_equal(again.log_evidence, scan.log_evidence)
+    np.testing.assert_array_equal(again.refinement.log_evidence, sub.log_evidence)
     assert again.best["center_x"] == pytest.approx(scan.best["center_x"], rel=1e-12)
+    # another refinement reuses the coarse cells and fits its own sub-cells
+    finer = subhalo_scan(objective, smooth, LC, refine=3, **kw)
+    assert finer.resumed == 2 and finer.refinement is not None
+    assert finer.refinement.resumed == 0 and finer.refinement.failed == 0
+    assert len(path.read_text().splitlines()) == 7 + 9
     with pytest.raises(ValueError, match="another"):
-        subhalo_scan(
-            objective,
-            smooth,
-            LC,
-            grid=centres,
-            half=0.3,
-            kind="tnfw",
-            checkpoint=path,
-            progress=False,
-        )
+        subhalo_scan(objective, smooth, LC, **{**kw, "kind": "tnfw"})
+    with pytest.raises(ValueError, match="refine must be"):
+        subhalo_scan(objective, smooth, LC, refine=1, **kw)
 
 
 @slow_ci
@@ -241,6 +245,9 @@ def test_scan_of_a_lens_without_subhalo_finds_none():
     )
     assert scan.failed == 0
     assert np.all(scan.delta_log_evidence < 5)
+    # nor does the refinement of the best cell find one in its sub-cells
+    assert scan.refinement is not None and scan.refinement.failed == 0
+    assert np.all(scan.refinement.delta_log_evidence < 5)
 
 
 @slow_ci
@@ -252,7 +259,7 @@ def test_a_cell_fit_that_ends_worse_than_the_smooth_model_is_redone_from_a_quiet
     objective, start = _lens(False)
     smooth = el.fit(objective, start, covariance=False)
     centres = np.asarray([[0.1, 0.8], [-0.8, -0.6]])
-    kw = dict(grid=centres, half=0.3, kind="pseudo_jaffe", progress=False, max_steps=3)
+    kw = dict(grid=centres, half=0.3, kind="pseudo_jaffe", progress=False, max_steps=3, refine=0)
     scan = subhalo_scan(objective, smooth, LC, start_log10_mass=10.8, **kw)
     assert scan.failed == 0
     assert np.all(scan.delta_log_evidence > -15), scan.delta_log_evidence
@@ -272,6 +279,7 @@ def test_nested_sampling_of_the_best_cell_agrees_with_the_laplace_evidence():
         half=0.3,
         kind="pseudo_jaffe",
         progress=False,
+        refine=0,
     )
     nested = el.subhalo_evidence(scan, objective, n_live=300, n_eff=600, n_networks=1)
     assert nested.cell == 0 and nested.laplace_delta_log_evidence == scan.best["delta_log_evidence"]
@@ -309,7 +317,7 @@ def test_scan_on_a_dask_cluster_of_two_workers_equals_the_scan_in_one_process():
     objective, start = _lens(True)
     smooth = el.fit(objective, start, covariance=False)
     centres = np.asarray([[0.1, 0.8], [-0.8, -0.6], [0.8, -0.6]])
-    kw = dict(grid=centres, half=0.3, kind="pseudo_jaffe", progress=False)
+    kw = dict(grid=centres, half=0.3, kind="pseudo_jaffe", progress=False, refine=2)
     here = subhalo_scan(objective, smooth, LC, **kw)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True) as cluster:
         with distributed.Client(cluster) as client:
@@ -319,3 +327,9 @@ def test_scan_on_a_dask_cluster_of_two_workers_equals_the_scan_in_one_process():
     np.testing.assert_allclose(there.log_evidence, here.log_evidence, rtol=1e-9, atol=1e-6)
     assert there.status == here.status and there.best_index == here.best_index
     assert there.best["center_x"] == pytest.approx(here.best["center_x"], abs=1e-6)
+    # and the refinement's sub-cells, started from the best cell's fit
+    assert there.refinement is not None and here.refinement is not None
+    np.testing.assert_allclose(
+        there.refinement.log_evidence, here.refinement.log_evidence, rtol=1e-9, atol=1e-6
+    )
+    assert there.best["sub_cell"] == here.best["sub_cell"]

@@ -265,6 +265,9 @@ def scan_one(lens: dict, paths: dict[str, str], folder: str, which: str, workers
         "cells_failed": sum(d is None for d in cells),
         "cells_above_5": sum(d is not None and d > NULL_PASS for d in cells),
         "lowest_cell": min((d for d in cells if d is not None), default=None),
+        "best_coarse_cell": max((d for d in cells if d is not None), default=None),
+        # the refined cell's Delta log E (the mean of its sub-cells' evidences)
+        "refined_cell": best.get("cell_delta_log_evidence"),
     }
     return row
 

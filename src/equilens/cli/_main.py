@@ -230,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     shp.add_argument("--z-source", type=float, required=True, help="source redshift")
     shp.add_argument("--grid", type=int, default=5, help="N: an N x N grid of cells (default 5)")
     shp.add_argument(
+        "--refine",
+        type=int,
+        default=3,
+        help="N: the best cell then tiled by N x N sub-cells, each fitted (default 3; 0: none)",
+    )
+    shp.add_argument(
         "--kind",
         default="tnfw",
         choices=["tnfw", "pseudo_jaffe"],
@@ -400,6 +406,10 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
         raise ValueError(f"--source must be pixelized or sersic, got {args.source!r}")
     if not 1 <= args.grid <= MAX_GRID:
         raise ValueError(f"--grid must be between 1 and {MAX_GRID}, got {args.grid}")
+    if args.refine == 1 or not 0 <= args.refine <= MAX_GRID:
+        raise ValueError(
+            f"--refine must be 0 (none) or between 2 and {MAX_GRID}, got {args.refine}"
+        )
     args.positions = args.positions_sigma = None
     args.power_law = False
     args.fixed_mask = True
@@ -426,6 +436,7 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
             source=args.source,
             kind=args.kind,
             grid=args.grid,
+            refine=args.refine,
             solver=args.solver,
             max_steps=args.max_steps,
             mesh=args.mesh,

@@ -73,6 +73,7 @@ def run_subhalo(
     source: str = "pixelized",
     kind: str = "tnfw",
     grid: int = 5,
+    refine: int = 3,
     solver: str = "lm",
     max_steps: int | None = None,
     mesh: str | None = None,
@@ -84,16 +85,15 @@ def run_subhalo(
     client: Any = None,
     nested: bool = False,
 ) -> dict[str, str]:
-    """Fits the smooth model to `imaging` as `equilens fit` does (the parametric fit, then
-    for `source="pixelized"` the evidence chain), then scans a `grid` x `grid` grid of
-    cells over the mask for a subhalo of profile `kind` (`equilens.subhalo_scan`, each
-    finished cell appended to `OUT_cells.jsonl` beside the JSON: a rerun resumes from it).
-    Writes the JSON (the best subhalo, every cell's log-evidence, the smooth model's) and
-    the figure (`.png`). With a Dask `client`, the cells run on its workers. `nested`:
-    the best cell's evidence difference by nested sampling too (`subhalo_evidence`, under
-    `"nested"` in the JSON). Returns
-    the paths and, under `"status"`, `"successful"` or what
-    failed (the smooth fit, or how many cells)."""
+    """Fits the smooth model to `imaging` as `equilens fit` does (the parametric fit, then for
+    `source="pixelized"` the evidence chain), then scans a `grid` x `grid` grid of cells over the
+    mask for a subhalo of profile `kind`, the best cell refined by `refine` x `refine` sub-cells
+    (`equilens.subhalo_scan`, each finished cell appended to `OUT_cells.jsonl` beside the JSON: a
+    rerun resumes from it). Writes the JSON (the best subhalo, every cell's log-evidence, the smooth
+    model's) and the figure (`.png`). With a Dask `client`, the cells run on its workers. `nested`:
+    the best cell's evidence difference by nested sampling too (`subhalo_evidence`, under `"nested"`
+    in the JSON). Returns the paths and, under `"status"`, `"successful"` or what failed (the smooth
+    fit, or how many cells)."""
     from ..cosmology import LensCosmology
     from ..objective import Objective
     from ..solve import fit_lens, result_to_dict
@@ -150,6 +150,7 @@ def run_subhalo(
         smooth,
         cosmology,
         grid=grid,
+        refine=refine,
         kind=kind,  # pyright: ignore[reportArgumentType]
         solver=None if solver == "lm" and pixelized else solver,
         max_steps=500 if max_steps is None else max_steps,
@@ -160,7 +161,7 @@ def run_subhalo(
     )
     png = plot_subhalo_scan(scan, objective, base + ".png", title=title)
     out = scan.to_dict()
-    if nested and scan.fits[scan.best_index] is not None:
+    if nested and scan.best_fit is not None:
         print("  nested sampling of the smooth model and of the best cell's (nautilus)")
         ev = subhalo_evidence(scan, objective, progress=True)
         out["nested"] = ev.to_dict()
@@ -179,6 +180,12 @@ def run_subhalo(
     out["cells_file"] = cells
     _write(json_path, out)
     b = scan.best
+    if scan.refinement is not None:
+        print(
+            f"  refined cell {b['cell'] + 1}: Delta log E "
+            f"{b.get('cell_delta_log_evidence') or float('nan'):.1f} over its "
+            f"{len(scan.refinement.status)} sub-cells; the best is sub-cell {b['sub_cell'] + 1}"
+        )
     print(
         f"  best cell: subhalo at ({b.get('center_x', float('nan')):+.3f}, "
         f'{b.get("center_y", float("nan")):+.3f})", log10 mass '
@@ -192,6 +199,8 @@ def run_subhalo(
         status = f"the smooth fit: {smooth.message()}"
     elif scan.failed:
         status = f"{scan.failed} of {len(scan.status)} cells failed"
+    elif scan.refinement is not None and scan.refinement.failed:
+        status = f"{scan.refinement.failed} of {len(scan.refinement.status)} sub-cells failed"
     return {"json": json_path, "png": png, "cells": cells, "status": status}
 
 

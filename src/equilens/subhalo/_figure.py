@@ -20,11 +20,11 @@ def _model_image(term, model):
 def plot_subhalo_scan(
     scan: SubhaloScan, objective: Objective, path: str | os.PathLike, title: str = ""
 ) -> str:
-    """Writes a three-panel PNG to `path`: 1. the data (asinh stretch) with each cell's
-    `Delta log E` (the subhalo model's log-evidence minus the smooth model's) as a
-    translucent square, the best subhalo (cross) and the best model's critical curves
-    (cyan); 2. and 3. the normalised residuals `(data - model) / noise` of the smooth model
-    and of the best cell's model (colour range +-5). Returns the path."""
+    """Writes a three-panel PNG to `path`: 1. the data (asinh stretch) with each cell's `Delta log
+    E` (the subhalo model's log-evidence minus the smooth model's) as a translucent square (the
+    refined cell's sub-cells outlined in yellow with theirs), the best subhalo (cross) and the best
+    model's critical curves (cyan); 2. and 3. the normalised residuals `(data - model) / noise` of
+    the smooth model and of the best cell's model (colour range +-5). Returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,7 +40,7 @@ def plot_subhalo_scan(
     data, noise = np.asarray(im.data), np.asarray(im.noise_map)
     mask = np.asarray(im.mask)
     ext = _extent(im.grid)
-    best_model = scan.fits[scan.best_index]
+    best_model = scan.best_fit
     fig, axes = plt.subplots(1, 3, figsize=(16, 5.4), constrained_layout=True)
     ax = axes[0]
     soft = float(np.median(noise[mask])) if mask.any() else 1.0
@@ -65,6 +65,21 @@ def plot_subhalo_scan(
         )
         label = f"{d:.0f}" if np.isfinite(d) else "failed"
         ax.text(cx, cy, label, ha="center", va="center", fontsize=7, color="white")
+    sub = scan.refinement
+    if sub is not None:  # the refined cell's sub-cells: outlines and their values
+        for (cx, cy), d in zip(sub.centres, sub.delta_log_evidence, strict=True):
+            ax.add_patch(
+                Rectangle(
+                    (cx - sub.half, cy - sub.half),
+                    2 * sub.half,
+                    2 * sub.half,
+                    facecolor="none",
+                    edgecolor="yellow",
+                    lw=0.5,
+                )
+            )
+            label = f"{d:.0f}" if np.isfinite(d) else "failed"
+            ax.text(cx, cy - 0.6 * sub.half, label, ha="center", fontsize=5, color="yellow")
     sm = ScalarMappable(cmap=cmap, norm=Normalize(-top, top))
     fig.colorbar(sm, ax=ax, shrink=0.8, label="Delta log E (subhalo - smooth)")
     if best_model is not None:

@@ -42,7 +42,8 @@ class SubhaloEvidence:
     - `delta_log_evidence`, `delta_log_evidence_error`: `log Z(subhalo) - log Z(smooth)`
       by nested sampling and its statistical error (both runs' in quadrature);
       `laplace_delta_log_evidence`: the scan's Laplace value for the same cell;
-    - `cell`: the cell's index in the scan;
+    - `cell`: the cell's index in the scan (in its refinement's sub-cells when the best
+      sub-cell was sampled);
     - `subhalo`: the subhalo's posterior: `center_x`, `center_y` (arcsec), `log10_mass`
       and `mass_within_1kpc` (Msun), each as `[p16, p50, p84]`;
     - `smooth`, `with_subhalo`: the two `NestedPosterior`s; `wall_time` (s).
@@ -89,8 +90,9 @@ def subhalo_evidence(
     progress: bool = False,
 ) -> SubhaloEvidence:
     """Nested sampling of the smooth model and of cell `cell`'s model (default the scan's
-    best) under the same priors (module docstring): the evidence difference with its
-    error, the subhalo's posterior.
+    best: the best sub-cell of its refinement when it has one, `SubhaloScan.refinement`,
+    whose index `cell` then is) under the same priors (module docstring): the evidence
+    difference with its error, the subhalo's posterior.
 
     **Arguments:**
 
@@ -106,6 +108,8 @@ def subhalo_evidence(
     Needs `nautilus-sampler` (`pip install equilens[sampling]`). Returns a
     `SubhaloEvidence`."""
     t0 = time.perf_counter()
+    if cell is None and scan.refinement is not None:
+        scan = scan.refinement  # the best sub-cell of the refined cell
     cell = scan.best_index if cell is None else int(cell)
     if not 0 <= cell < len(scan.fits):
         raise ValueError(f"subhalo_evidence: cell must be in [0, {len(scan.fits)}), got {cell}")

@@ -25,7 +25,6 @@ import equinox as eqx
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
-from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh
 from jaxtyping import Float, PyTree
 
@@ -34,24 +33,20 @@ from ..cosmology import LensCosmology
 from ..mass import MassSum, MultiPlane
 from ..objective import Objective
 from ..objective._params import Bounds, Where
-from ..solve import RESULTS, FitResult, fit, fit_batch, pick
-from ..solve._batch import BatchRoute, batch_route
+from ..solve import FitResult, fit
+from ..solve._batch import BatchRoute
 from ..solve._laplace import LaplaceEvidence, laplace_evidence
 from ..solve._parametrise import parametrisation
 from ..terms import LogEvidence, LogisticPrior
+from ._cells import (
+    CHECKPOINT_FORMAT,
+    QUIET_DEX,
+    _finite_or_none,
+    _read_checkpoint,
+    _run_cells,
+)
 from ._grid import scan_cells
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
-
-#: A cell's `(log-evidence, status, fitted model, 1-sigma errors of the subhalo's u, v and
-#: log10_mass)`.
-CellRecord = tuple[float, str, Any, dict[str, float]]
-#: The quiet start of a cell fit (`_no_worse_than_smooth`): the subhalo's log10 mass this
-#: far (dex) above the prior's lower bound, a negligible perturber.
-QUIET_DEX = 0.5
-#: A cell's status when its fit ran out of steps (its evidence is still computed).
-MAX_STEPS_STATUS = "successful (the fit reached max_steps; evidence from where it stopped)"
-#: The checkpoint's format version (a file of another version is not resumed from).
-CHECKPOINT_FORMAT = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +68,13 @@ class SubhaloScan:
     - `smooth`: the smooth model; `cosmology`; `wall_time` (s, this run's); `resumed`
       (cells read from the checkpoint); `mass_range`: the subhalo's `log10_mass` prior
       bounds.
+    - `refinement`: the refinement of the best cell (`subhalo_scan(refine=n)`), itself a
+      `SubhaloScan` over the `n` x `n` sub-cells tiling that cell (None without one). Its
+      `delta_log_evidence_grid` is the refined cell's `Delta log E` (a uniform position
+      prior over the cell is the mean of the sub-cells' uniform ones: `E(cell) = (1/n^2)
+      sum E(sub-cell)`); with a refinement, `best` is its best sub-cell's subhalo (with
+      `sub_cell`, `cell` the refined cell, `cell_delta_log_evidence` that cell's refined
+      value) and `best_index` still the coarse cell.
     """
 
     centres: np.ndarray
@@ -90,6 +92,14 @@ class SubhaloScan:
     wall_time: float
     resumed: int
     mass_range: tuple[float, float] = MASS_RANGE
+    refinement: "SubhaloScan | None" = None
+
+    @property
+    def best_fit(self) -> Any:
+        """The fitted model of `best` (the best sub-cell's with a refinement; None when
+        that cell failed)."""
+        scan = self if self.refinement is None else self.refinement
+        return scan.fits[scan.best_index]
 
     @property
     def failed(self) -> int:
@@ -126,11 +136,21 @@ class SubhaloScan:
             "failed_cells": self.failed,
             "wall_time": self.wall_time,
             "resumed_cells": self.resumed,
+            **({} if self.refinement is None else {"refinement": self._refinement_dict()}),
         }
 
-
-def _finite_or_none(v: float) -> float | None:
-    return float(v) if math.isfinite(float(v)) else None
+    def _refinement_dict(self) -> dict[str, Any]:
+        sub = self.refinement
+        assert sub is not None
+        out = sub.to_dict()
+        return {
+            "cell": self.best.get("cell"),
+            "cell_delta_log_evidence": sub.delta_log_evidence_grid,
+            "sub_cell_half_width": out["cell_half_width"],
+            "sub_cells": out["cells"],
+            "failed_sub_cells": out["failed_cells"],
+            "resumed_sub_cells": out["resumed_cells"],
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +219,7 @@ def subhalo_scan(
     max_steps: int = 500,
     smoothed: bool | None = None,
     refit_smooth: bool = True,
+    refine: int = 3,
     checkpoint: str | os.PathLike | None = None,
     client: Any = None,
     route: BatchRoute = "auto",
@@ -240,9 +261,14 @@ def subhalo_scan(
       `free`, `bounds` and `max_steps`, as the cells are fitted (default True: `smooth`
       may come from a fit with other terms, a positions guard, or another stopping
       point, which would shift every cell's `Delta log E` alike); the cells start from it.
-    - `checkpoint`: a JSON-lines file each finished cell is appended to; a scan run again
-      with the same file and set-up skips the cells it holds (a file from another set-up
-      is a `ValueError`).
+    - `refine`: the best cell is then tiled by `refine` x `refine` sub-cells (half-width
+      `half / refine`), each fitted as a cell from the best cell's fit (the sub-cell
+      holding its subhalo from its position): a cell's fit can stop in a local minimum
+      away from a subhalo near its edge or corner, and the smaller boxes locate it
+      (`SubhaloScan.refinement`; `best` is then the best sub-cell's subhalo). 0 for none.
+    - `checkpoint`: a JSON-lines file each finished cell (and sub-cell) is appended to; a
+      scan run again with the same file and set-up skips the cells it holds (a file from
+      another set-up is a `ValueError`).
     - `client`: a Dask `distributed.Client` (PyPI `distributed`, the extra `cluster`): the
       cells are its tasks, run on its workers as they are free (a `LocalCluster`, or a
       SLURM/PBS cluster through `dask-jobqueue`: docs/subhalo.md), each worker compiling
@@ -269,6 +295,10 @@ def subhalo_scan(
         raise ValueError(f"mass_range must have lower < upper (log10 Msun), got {mass_range}")
     if not lo < float(start_log10_mass) < hi:
         raise ValueError(f"start_log10_mass must be inside mass_range {mass_range}")
+    if isinstance(refine, bool) or not isinstance(refine, int) or refine < 0 or refine == 1:
+        raise ValueError(
+            f"refine must be 0 (none) or an integer >= 2 sub-cells a side, got {refine!r}"
+        )
     smooth = _as_sum(smooth)
     if host_theta_E is None:
         host_theta_E = float(getattr(smooth.mass.components[0], "theta_E", 1.0))  # pyright: ignore[reportAttributeAccessIssue]
@@ -342,30 +372,14 @@ def subhalo_scan(
         "centres": centres.tolist(),
         "smooth_log_evidence": smooth_ev.log_evidence,
     }
-    done = _read_checkpoint(checkpoint, header)
-    n = centres.shape[0]
-    log_e = np.full(n, np.nan)
-    status = ["not run"] * n
-    fits: list[Any] = [None] * n
-    errors: list[dict[str, float]] = [{} for _ in range(n)]
-    param = parametrisation(objective, template, sub_free, sub_bounds)
-    _, unravel = ravel_pytree(param.values(template))
-    for i, rec in done.items():
-        log_e[i] = np.nan if rec["log_evidence"] is None else rec["log_evidence"]
-        status[i] = rec["status"]
-        errors[i] = rec.get("errors") or {}
-        if rec["values"] is not None:
-            values = unravel(jnp.asarray(rec["values"], dtype))
-            fits[i] = param.with_values(values, _in_cell(template, centres[i], dtype))
-    if checkpoint is not None and not done:
+    records = _read_checkpoint(checkpoint, header)
+    if checkpoint is not None and records is None:
         with open(checkpoint, "w") as f:
             f.write(json.dumps({"header": header}) + "\n")
-
-    todo = [i for i in range(n) if i not in done]
-    bar = _bar(len(todo), progress)
+    records = records or []
+    param = parametrisation(objective, template, sub_free, sub_bounds)
     # the quiet start: a subhalo of negligible mass (QUIET_DEX above the prior's lower
     # bound), where the cell model is the smooth model
-    quiet = lo + QUIET_DEX
     setup = (
         objective,
         cell_objective,
@@ -375,37 +389,89 @@ def subhalo_scan(
         sub_bounds,
         max_steps,
         evidence,
-        quiet,
+        lo + QUIET_DEX,
     )
-    if client is not None:
-        finished = _on_dask(client, setup, centres, todo)
-    elif todo and batch_route(route, mesh) == "vmap":
-        finished = _vmapped(setup, centres, todo, mesh)
-    else:
-        finished = ((i, _cell_task(setup, centres[i])) for i in todo)
-    for i, rec in finished:
-        log_e[i], status[i], fits[i], errors[i] = rec
-        values = None if rec[2] is None else np.asarray(ravel_pytree(param.values(rec[2]))[0])
-        if checkpoint is not None:
-            line = {
-                "cell": i,
-                "log_evidence": _finite_or_none(log_e[i]),
-                "status": status[i],
-                "values": None if values is None else values.tolist(),
-                "errors": errors[i],
-            }
-            with open(checkpoint, "a") as f:
-                f.write(json.dumps(line) + "\n")
-        delta = log_e[i] - smooth_ev.log_evidence
-        say(
-            f'cell {i + 1}/{n} at ({centres[i, 0]:+.2f}, {centres[i, 1]:+.2f})": '
-            f"Delta log E {delta:.2f} ({status[i]})"
+    run = functools.partial(
+        _run_cells,
+        param=param,
+        checkpoint=checkpoint,
+        client=client,
+        route=route,
+        mesh=mesh,
+        progress=progress,
+        say=lambda i, name, c, le, st: say(
+            f'{name} {i + 1} at ({c[0]:+.2f}, {c[1]:+.2f})": '
+            f"Delta log E {le - smooth_ev.log_evidence:.2f} ({st})"
+        ),
+    )
+    done = {int(r["cell"]): r for r in records if "cell" in r}
+    cells = run(setup, centres, half, np.zeros_like(centres), done, "cell")
+    scan = _summary(centres, half, cells, smooth_ev, kind, cosmology, (lo, hi), len(done))
+    best = scan.fits[scan.best_index]
+    if refine and best is not None:
+        # the best cell tiled by refine x refine sub-cells, each fitted as a cell, from the
+        # best cell's fit (its macro model and source, the subhalo's mass; the sub-cell
+        # holding its subhalo starts from its position, the others from their centres)
+        sub_half = half / refine
+        offsets = (np.arange(refine) + 0.5) * 2 * sub_half - half
+        sub_centres = np.asarray(
+            [
+                (scan.centres[scan.best_index, 0] + ox, scan.centres[scan.best_index, 1] + oy)
+                for oy in offsets
+                for ox in offsets
+            ]
         )
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+        at = np.asarray(best.mass.components[-1].center, np.float64)
+        uv = np.zeros_like(sub_centres)
+        inside = np.all(np.abs(at - sub_centres) <= sub_half, axis=1)
+        k = int(np.argmax(inside))
+        uv[k] = np.clip((at - sub_centres[k]) / sub_half, -0.95, 0.95)
+        sub_template = eqx.tree_at(
+            lambda s: (
+                s.mass.components[-1].half,
+                s.mass.components[-1].u,
+                s.mass.components[-1].v,
+            ),
+            best,
+            (jnp.asarray(sub_half, dtype), jnp.zeros((), dtype), jnp.zeros((), dtype)),
+        )
+        sub_setup = (*setup[:2], sub_template, *setup[3:])
+        say(f"refining cell {scan.best_index + 1} with {refine} x {refine} sub-cells")
+        done = {
+            int(r["sub"]): r
+            for r in records
+            if "sub" in r
+            and int(r["sub"]) < len(sub_centres)
+            and np.allclose(r["center"], sub_centres[int(r["sub"])], rtol=0, atol=1e-9)
+            and math.isclose(r["half"], sub_half, rel_tol=1e-9)
+        }
+        sub_cells = run(sub_setup, sub_centres, sub_half, uv, done, "sub")
+        refined = _summary(
+            sub_centres, sub_half, sub_cells, smooth_ev, kind, cosmology, (lo, hi), len(done)
+        )
+        best_dict = {
+            **refined.best,
+            "cell": scan.best_index,
+            "sub_cell": refined.best.get("cell"),
+            "cell_delta_log_evidence": _finite_or_none(refined.delta_log_evidence_grid),
+        }
+        scan = dataclasses.replace(scan, refinement=refined, best=best_dict)
+    return dataclasses.replace(scan, wall_time=time.perf_counter() - t0)
 
+
+def _summary(
+    centres: np.ndarray,
+    half: float,
+    cells: tuple[np.ndarray, list[str], list[Any], list[dict[str, float]]],
+    smooth_ev: LaplaceEvidence,
+    kind: str,
+    cosmology: LensCosmology,
+    mass_range: tuple[float, float],
+    resumed: int,
+) -> SubhaloScan:
+    """The `SubhaloScan` of the cells' results (`_run_cells`); `wall_time` left 0."""
+    log_e, status, fits, errors = cells
+    n = centres.shape[0]
     delta = log_e - smooth_ev.log_evidence
     ok = np.isfinite(delta)
     if ok.any():
@@ -430,9 +496,9 @@ def subhalo_scan(
         delta_log_evidence_grid=grid_log_e - smooth_ev.log_evidence,
         smooth=smooth_ev.model,
         cosmology=cosmology,
-        wall_time=time.perf_counter() - t0,
-        resumed=len(done),
-        mass_range=(lo, hi),
+        wall_time=0.0,
+        resumed=resumed,
+        mass_range=mass_range,
     )
 
 
@@ -450,160 +516,6 @@ def _cells(objective: Objective, grid: Any, half: float | None) -> tuple[np.ndar
     if half is None or not float(half) > 0:
         raise ValueError("a grid of centres needs half (the cells' half-width, arcsec) > 0")
     return centres, float(half)
-
-
-def _in_cell(template: LensSystem, centre: np.ndarray, dtype: Any) -> LensSystem:
-    n = len(template.mass.components)  # pyright: ignore[reportAttributeAccessIssue]
-    return eqx.tree_at(
-        lambda s: (s.mass.components[n - 1].cell_x, s.mass.components[n - 1].cell_y),
-        template,
-        (jnp.asarray(centre[0], dtype), jnp.asarray(centre[1], dtype)),
-    )
-
-
-def _cell_task(setup: tuple[Any, ...], centre: np.ndarray) -> CellRecord:
-    """One cell of the scan from what every cell shares (`setup`) and its centre: what a
-    Dask worker runs."""
-    objective, cell_objective, template, solver, free, bounds, max_steps, evidence, quiet = setup
-    dtype = template.mass.components[-1].log10_mass.dtype
-    start = _in_cell(template, centre, dtype)
-    fitted = _fit(cell_objective, start, solver, free, bounds, max_steps)
-    fitted = _no_worse_than_smooth(fitted, cell_objective, start, quiet, setup)
-    return _cell_evidence(objective, fitted, free, bounds, evidence)
-
-
-def _vmapped(setup: tuple[Any, ...], centres: np.ndarray, todo: list[int], mesh: Any):
-    """`(cell, record)` of the cells `todo`: their fits as one `fit_batch` (vectorised,
-    split over `mesh`'s devices), then each one's evidence."""
-    objective, cell_objective, template, solver, free, bounds, max_steps, evidence, quiet = setup
-    dtype = template.mass.components[-1].log10_mass.dtype
-    starts = [_in_cell(template, centres[i], dtype) for i in todo]
-    stacked = jtu.tree_map(lambda *x: jnp.stack(x) if eqx.is_array(x[0]) else x[0], *starts)
-    batch = fit_batch(
-        cell_objective,
-        stacked,
-        solver,
-        free=free,
-        bounds=bounds,
-        max_steps=max_steps,
-        mesh=mesh,
-        covariance=False,
-        route="vmap",
-    )
-    for k, i in enumerate(todo):
-        fitted = _no_worse_than_smooth(pick(batch, k), cell_objective, starts[k], quiet, setup)
-        yield i, _cell_evidence(objective, fitted, free, bounds, evidence)
-
-
-def _x64(enabled: bool) -> None:
-    """Sets JAX's float64 mode in a Dask worker (before any array reaches it)."""
-    import jax
-
-    jax.config.update("jax_enable_x64", enabled)
-
-
-def _on_dask(client: Any, setup: tuple[Any, ...], centres: np.ndarray, todo: list[int]):
-    """`(cell, record)` of the cells `todo` as Dask's workers finish them. The shared set-up
-    is sent to every worker once (`scatter(broadcast=True)`): each worker's tasks get the
-    same objects, whose static parts (the `where` functions, the parametrisation) then
-    match the programs the worker compiled for its first cell: one compilation per
-    worker. The workers' JAX runs in the client's precision."""
-    import jax
-    from distributed import as_completed
-
-    client.run(_x64, bool(jax.config.read("jax_enable_x64")))
-    shared = client.scatter(setup, broadcast=True)
-    futures = {
-        client.submit(_cell_task, shared, centres[i], key=f"subhalo-cell-{i}-{id(setup)}"): i
-        for i in todo
-    }
-    for future in as_completed(futures):
-        yield futures[future], future.result()
-
-
-def _fit(
-    cell_objective: Objective,
-    start: LensSystem,
-    solver: str,
-    free: Any,
-    bounds: Mapping[Where, Bounds],
-    max_steps: int,
-) -> FitResult:
-    """A cell's fit of `cell_objective` (the scan's objective and the subhalo's priors in
-    the fit's coordinates) from `start`."""
-    return fit(
-        cell_objective,
-        start,
-        solver,
-        free=free,
-        bounds=bounds,
-        max_steps=max_steps,
-        throw=False,
-        covariance=False,
-    )
-
-
-@eqx.filter_jit
-def _value(objective: Objective, model: Any) -> Any:
-    return objective(model)
-
-
-def _no_worse_than_smooth(
-    fitted: FitResult,
-    cell_objective: Objective,
-    start: LensSystem,
-    quiet: float,
-    setup: tuple[Any, ...],
-) -> FitResult:
-    """`fitted`, or the fit from the quiet start (the subhalo of `quiet` log10 Msun: the
-    smooth model) when `fitted` ended worse than that start: a model with a subhalo holds
-    the smooth one, so its fit must do at least as well (from the start at 1e9 Msun, a
-    fit can stop in a worse local minimum: a subhalo at the mask's edge, the macro model
-    pulled away); the better of the two is kept."""
-    _, _, _, solver, free, bounds, max_steps, _, _ = setup
-    low = eqx.tree_at(
-        lambda s: s.mass.components[-1].log10_mass,
-        start,
-        jnp.asarray(quiet, start.mass.components[-1].log10_mass.dtype),  # pyright: ignore[reportAttributeAccessIssue]
-    )
-    at_fit = float(_value(cell_objective, fitted.model))
-    if at_fit <= float(_value(cell_objective, low)):
-        return fitted
-    again = _fit(cell_objective, low, solver, free, bounds, max_steps)
-    value = float(_value(cell_objective, again.model))
-    return again if math.isfinite(value) and not value >= at_fit else fitted
-
-
-def _cell_evidence(
-    objective: Objective,
-    r: FitResult,
-    free: Any,
-    bounds: Mapping[Where, Bounds],
-    evidence: Callable[..., LaplaceEvidence],
-) -> CellRecord:
-    """A cell's `(log E, status, model)` from its fit `r`."""
-    # a fit that ran out of steps (a pixelized source's evidence is rough: quasi-Newton
-    # steps stall on it) still gives its evidence, from where it stopped, polished by the
-    # Newton steps of `laplace_evidence`; its status says so
-    out_of_steps = (RESULTS.max_steps_reached, RESULTS.nonlinear_max_steps_reached)
-    stopped = any(r.result == u for u in out_of_steps)
-    usable = stopped or r.result == RESULTS.successful or r.result == RESULTS.implausible
-    if not usable:
-        return math.nan, r.message(), None, {}
-    try:
-        ev = evidence(objective, r.model, free=free, bounds=bounds)
-    except ValueError as e:
-        return math.nan, f"evidence failed: {e}", None, {}
-    if not math.isfinite(ev.log_evidence):
-        return math.nan, "evidence failed: not finite", None, {}
-    status = MAX_STEPS_STATUS if stopped else "successful"
-    prefix = f"mass.components[{len(ev.model.mass.components) - 1}]."
-    sigma = {
-        name[len(prefix) :]: math.sqrt(max(float(ev.covariance[k, k]), 0.0))
-        for k, name in enumerate(ev.names)
-        if name.startswith(prefix)
-    }
-    return ev.log_evidence, status, ev.model, sigma
 
 
 def _best(model: Any, sigma: dict[str, float], kind: str) -> dict[str, Any]:
@@ -626,32 +538,3 @@ def _best(model: Any, sigma: dict[str, float], kind: str) -> dict[str, Any]:
         "mass_definition": "M200 (untruncated NFW)" if kind == "tnfw" else "total mass",
         "mass_within_1kpc": sub.mass_within(1.0),
     }
-
-
-def _bar(total: int, show: bool) -> Any:
-    if not show or total == 0:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="subhalo scan", unit="cell")
-
-
-def _read_checkpoint(path: Any, header: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """The cells a checkpoint holds (`{}` without one); `ValueError` for another set-up's."""
-    if path is None or not os.path.isfile(path):
-        return {}
-    with open(path) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    if not lines or "header" not in lines[0]:
-        raise ValueError(f"{path} is not a subhalo scan checkpoint")
-    old = lines[0]["header"]
-    for key in ("format", "kind", "mass_range", "centres"):
-        if old.get(key) != header[key]:
-            raise ValueError(
-                f"{path} holds a scan with another {key}: remove it or pass another checkpoint"
-            )
-    if not np.isclose(old["half"], header["half"]) or not np.isclose(
-        old["smooth_log_evidence"], header["smooth_log_evidence"], rtol=0, atol=1e-6
-    ):
-        raise ValueError(f"{path} holds a scan of another smooth model or cell size")
-    return {int(rec["cell"]): rec for rec in lines[1:]}

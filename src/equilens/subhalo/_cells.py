@@ -1,0 +1,298 @@
+"""How the cells of a subhalo scan run (`subhalo_scan`): each cell's fit from what every cell
+shares (the set-up tuple: the objective, the cell objective with the subhalo's priors, the
+template model, solver, free parameters, bounds, step limit, evidence function and quiet
+mass), in this process, vectorised (`fit_batch`) or as Dask tasks; the quiet restart; its
+Laplace evidence; the checkpoint's records written as they finish and read back."""
+
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from .._lens_system import LensSystem
+from ..objective import Objective
+from ..objective._params import Bounds, Where
+from ..solve import RESULTS, FitResult, fit, fit_batch, pick
+from ..solve._batch import BatchRoute, batch_route
+from ..solve._laplace import LaplaceEvidence
+
+#: A cell's `(log-evidence, status, fitted model, 1-sigma errors of the subhalo's u, v and
+#: log10_mass)`.
+CellRecord = tuple[float, str, Any, dict[str, float]]
+#: The quiet start of a cell fit (`_no_worse_than_smooth`): the subhalo's log10 mass this
+#: far (dex) above the prior's lower bound, a negligible perturber.
+QUIET_DEX = 0.5
+#: A cell's status when its fit ran out of steps (its evidence is still computed).
+MAX_STEPS_STATUS = "successful (the fit reached max_steps; evidence from where it stopped)"
+#: The checkpoint's format version (a file of another version is not resumed from).
+CHECKPOINT_FORMAT = 1
+
+
+def _finite_or_none(v: float) -> float | None:
+    return float(v) if math.isfinite(float(v)) else None
+
+
+def _run_cells(
+    setup: tuple[Any, ...],
+    centres: np.ndarray,
+    half: float,
+    uv: np.ndarray,
+    done: dict[int, dict[str, Any]],
+    key: str,
+    *,
+    param: Any,
+    checkpoint: Any,
+    client: Any,
+    route: BatchRoute,
+    mesh: Any,
+    progress: bool,
+    say: Callable[..., None],
+) -> tuple[np.ndarray, list[str], list[Any], list[dict[str, float]]]:
+    """Fits the cells `centres` (of half-width `half`, the subhalo started at `uv` in cell
+    units) not in `done` (the checkpoint's records, by index); each finished cell written to
+    `checkpoint` under `key` ("cell", or "sub" for the refinement's sub-cells) as it
+    finishes. Returns each cell's log-evidence, status, fitted model and subhalo errors."""
+    template = setup[2]
+    dtype = template.mass.components[-1].log10_mass.dtype
+    n = centres.shape[0]
+    log_e = np.full(n, np.nan)
+    status = ["not run"] * n
+    fits: list[Any] = [None] * n
+    errors: list[dict[str, float]] = [{} for _ in range(n)]
+    _, unravel = ravel_pytree(param.values(template))
+    for i, rec in done.items():
+        log_e[i] = np.nan if rec["log_evidence"] is None else rec["log_evidence"]
+        status[i] = rec["status"]
+        errors[i] = rec.get("errors") or {}
+        if rec["values"] is not None:
+            values = unravel(jnp.asarray(rec["values"], dtype))
+            fits[i] = param.with_values(values, _in_cell(template, centres[i], uv[i], dtype))
+    todo = [i for i in range(n) if i not in done]
+    bar = _bar(len(todo), progress, "subhalo scan" if key == "cell" else "refinement")
+    if client is not None:
+        finished = _on_dask(client, setup, centres, uv, todo)
+    elif todo and batch_route(route, mesh) == "vmap":
+        finished = _vmapped(setup, centres, uv, todo, mesh)
+    else:
+        finished = ((i, _cell_task(setup, centres[i], uv[i])) for i in todo)
+    for i, rec in finished:
+        log_e[i], status[i], fits[i], errors[i] = rec
+        values = None if rec[2] is None else np.asarray(ravel_pytree(param.values(rec[2]))[0])
+        if checkpoint is not None:
+            line = {
+                key: i,
+                **({} if key == "cell" else {"center": centres[i].tolist(), "half": half}),
+                "log_evidence": _finite_or_none(log_e[i]),
+                "status": status[i],
+                "values": None if values is None else values.tolist(),
+                "errors": errors[i],
+            }
+            with open(checkpoint, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        say(i, "cell" if key == "cell" else "sub-cell", centres[i], log_e[i], status[i])
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return log_e, status, fits, errors
+
+
+def _in_cell(template: LensSystem, centre: np.ndarray, uv: np.ndarray, dtype: Any) -> LensSystem:
+    """`template` with its subhalo's cell at `centre` and the subhalo at `uv` (cell units)."""
+    n = len(template.mass.components)  # pyright: ignore[reportAttributeAccessIssue]
+    return eqx.tree_at(
+        lambda s: (
+            s.mass.components[n - 1].cell_x,
+            s.mass.components[n - 1].cell_y,
+            s.mass.components[n - 1].u,
+            s.mass.components[n - 1].v,
+        ),
+        template,
+        tuple(jnp.asarray(float(v), dtype) for v in (*centre, *uv)),
+    )
+
+
+def _cell_task(setup: tuple[Any, ...], centre: np.ndarray, uv: np.ndarray) -> CellRecord:
+    """One cell of the scan from what every cell shares (`setup`), its centre and the
+    subhalo's start in it (`uv`, cell units): what a Dask worker runs."""
+    objective, cell_objective, template, solver, free, bounds, max_steps, evidence, quiet = setup
+    dtype = template.mass.components[-1].log10_mass.dtype
+    start = _in_cell(template, centre, uv, dtype)
+    fitted = _fit(cell_objective, start, solver, free, bounds, max_steps)
+    fitted = _no_worse_than_smooth(fitted, cell_objective, start, quiet, setup)
+    return _cell_evidence(objective, fitted, free, bounds, evidence)
+
+
+def _vmapped(
+    setup: tuple[Any, ...], centres: np.ndarray, uv: np.ndarray, todo: list[int], mesh: Any
+):
+    """`(cell, record)` of the cells `todo`: their fits as one `fit_batch` (vectorised,
+    split over `mesh`'s devices), then each one's evidence."""
+    objective, cell_objective, template, solver, free, bounds, max_steps, evidence, quiet = setup
+    dtype = template.mass.components[-1].log10_mass.dtype
+    starts = [_in_cell(template, centres[i], uv[i], dtype) for i in todo]
+    stacked = jtu.tree_map(lambda *x: jnp.stack(x) if eqx.is_array(x[0]) else x[0], *starts)
+    batch = fit_batch(
+        cell_objective,
+        stacked,
+        solver,
+        free=free,
+        bounds=bounds,
+        max_steps=max_steps,
+        mesh=mesh,
+        covariance=False,
+        route="vmap",
+    )
+    for k, i in enumerate(todo):
+        fitted = _no_worse_than_smooth(pick(batch, k), cell_objective, starts[k], quiet, setup)
+        yield i, _cell_evidence(objective, fitted, free, bounds, evidence)
+
+
+def _x64(enabled: bool) -> None:
+    """Sets JAX's float64 mode in a Dask worker (before any array reaches it)."""
+    import jax
+
+    jax.config.update("jax_enable_x64", enabled)
+
+
+def _on_dask(
+    client: Any, setup: tuple[Any, ...], centres: np.ndarray, uv: np.ndarray, todo: list[int]
+):
+    """`(cell, record)` of the cells `todo` as Dask's workers finish them. The shared set-up
+    is sent to every worker once (`scatter(broadcast=True)`): each worker's tasks get the
+    same objects, whose static parts (the `where` functions, the parametrisation) then
+    match the programs the worker compiled for its first cell: one compilation per
+    worker. The workers' JAX runs in the client's precision."""
+    import jax
+    from distributed import as_completed
+
+    client.run(_x64, bool(jax.config.read("jax_enable_x64")))
+    shared = client.scatter(setup, broadcast=True)
+    futures = {
+        client.submit(_cell_task, shared, centres[i], uv[i], key=f"subhalo-cell-{i}-{id(setup)}"): i
+        for i in todo
+    }
+    for future in as_completed(futures):
+        yield futures[future], future.result()
+
+
+def _fit(
+    cell_objective: Objective,
+    start: LensSystem,
+    solver: str,
+    free: Any,
+    bounds: Mapping[Where, Bounds],
+    max_steps: int,
+) -> FitResult:
+    """A cell's fit of `cell_objective` (the scan's objective and the subhalo's priors in
+    the fit's coordinates) from `start`."""
+    return fit(
+        cell_objective,
+        start,
+        solver,
+        free=free,
+        bounds=bounds,
+        max_steps=max_steps,
+        throw=False,
+        covariance=False,
+    )
+
+
+@eqx.filter_jit
+def _value(objective: Objective, model: Any) -> Any:
+    return objective(model)
+
+
+def _no_worse_than_smooth(
+    fitted: FitResult,
+    cell_objective: Objective,
+    start: LensSystem,
+    quiet: float,
+    setup: tuple[Any, ...],
+) -> FitResult:
+    """`fitted`, or the fit from the quiet start (the subhalo of `quiet` log10 Msun: the
+    smooth model) when `fitted` ended worse than that start: a model with a subhalo holds
+    the smooth one, so its fit must do at least as well (from the start at 1e9 Msun, a
+    fit can stop in a worse local minimum: a subhalo at the mask's edge, the macro model
+    pulled away); the better of the two is kept."""
+    _, _, _, solver, free, bounds, max_steps, _, _ = setup
+    low = eqx.tree_at(
+        lambda s: s.mass.components[-1].log10_mass,
+        start,
+        jnp.asarray(quiet, start.mass.components[-1].log10_mass.dtype),  # pyright: ignore[reportAttributeAccessIssue]
+    )
+    at_fit = float(_value(cell_objective, fitted.model))
+    if at_fit <= float(_value(cell_objective, low)):
+        return fitted
+    again = _fit(cell_objective, low, solver, free, bounds, max_steps)
+    value = float(_value(cell_objective, again.model))
+    return again if math.isfinite(value) and not value >= at_fit else fitted
+
+
+def _cell_evidence(
+    objective: Objective,
+    r: FitResult,
+    free: Any,
+    bounds: Mapping[Where, Bounds],
+    evidence: Callable[..., LaplaceEvidence],
+) -> CellRecord:
+    """A cell's `(log E, status, model)` from its fit `r`."""
+    # a fit that ran out of steps (a pixelized source's evidence is rough: quasi-Newton
+    # steps stall on it) still gives its evidence, from where it stopped, polished by the
+    # Newton steps of `laplace_evidence`; its status says so
+    out_of_steps = (RESULTS.max_steps_reached, RESULTS.nonlinear_max_steps_reached)
+    stopped = any(r.result == u for u in out_of_steps)
+    usable = stopped or r.result == RESULTS.successful or r.result == RESULTS.implausible
+    if not usable:
+        return math.nan, r.message(), None, {}
+    try:
+        ev = evidence(objective, r.model, free=free, bounds=bounds)
+    except ValueError as e:
+        return math.nan, f"evidence failed: {e}", None, {}
+    if not math.isfinite(ev.log_evidence):
+        return math.nan, "evidence failed: not finite", None, {}
+    status = MAX_STEPS_STATUS if stopped else "successful"
+    prefix = f"mass.components[{len(ev.model.mass.components) - 1}]."
+    sigma = {
+        name[len(prefix) :]: math.sqrt(max(float(ev.covariance[k, k]), 0.0))
+        for k, name in enumerate(ev.names)
+        if name.startswith(prefix)
+    }
+    return ev.log_evidence, status, ev.model, sigma
+
+
+def _bar(total: int, show: bool, desc: str) -> Any:
+    if not show or total == 0:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="cell")
+
+
+def _read_checkpoint(path: Any, header: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The records (cells and sub-cells) a checkpoint holds (None without one); `ValueError`
+    for another set-up's."""
+    if path is None or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    if not lines or "header" not in lines[0]:
+        raise ValueError(f"{path} is not a subhalo scan checkpoint")
+    old = lines[0]["header"]
+    for key in ("format", "kind", "mass_range", "centres"):
+        if old.get(key) != header[key]:
+            raise ValueError(
+                f"{path} holds a scan with another {key}: remove it or pass another checkpoint"
+            )
+    if not np.isclose(old["half"], header["half"]) or not np.isclose(
+        old["smooth_log_evidence"], header["smooth_log_evidence"], rtol=0, atol=1e-6
+    ):
+        raise ValueError(f"{path} holds a scan of another smooth model or cell size")
+    return lines[1:]
