@@ -139,7 +139,7 @@ def main() -> int:
     with ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(run, args.variants))
     sub = truth.get("subhalo", {})
-    print(f"lens {args.lens} {args.which}; cells {cells}, half {args.half}\"")
+    print(f'lens {args.lens} {args.which}; cells {cells}, half {args.half}"')
     print("| variant | smooth log E | " + " | ".join(f"cell {c}" for c in cells) + " | best |")
     for v in args.variants:
         if not os.path.exists(path(v)):

@@ -27,7 +27,9 @@ Each image is scanned by
 the truth's macro model: the test is of the detection, not of a macro model's shortfall,
 which a subhalo also absorbs). A detection is a best cell with Delta log E > 10; it is
 recovered when its subhalo is within 0.1" of the truth. The null images pass when no cell
-has Delta log E > 5. Results are written per image as they finish (`rows.json`); a rerun
+has Delta log E > 5. A cell's Delta log E is the refined cell's (the mean of its 3 x 3
+sub-cells' evidences, `subhalo_scan(refine=3)`) for the best cell, the coarse fit's for the
+others; the subhalo reported is the best sub-cell's. Results are written per image as they finish (`rows.json`); a rerun
 skips the images already scanned, and a scan interrupted half-way resumes from its cells'
 file (`equilens subhalo`'s checkpoint).
 
@@ -256,16 +258,24 @@ def scan_one(lens: dict, paths: dict[str, str], folder: str, which: str, workers
     with open(out) as f:
         result = json.load(f)
     best = result["best"]
-    cells = [c["delta_log_evidence"] for c in result["cells"]]
+    coarse = [c["delta_log_evidence"] for c in result["cells"]]
+    # each cell's Delta log E, the refined cell's from its sub-cells (the mean of their
+    # evidences: the same position prior over the cell, from n^2 fits): the detection
+    # statistic is the largest; the best sub-cell's subhalo says where and how heavy
+    cells = list(coarse)
+    refined = result.get("refinement")
+    if refined is not None and refined["cell_delta_log_evidence"] is not None:
+        cells[refined["cell"]] = refined["cell_delta_log_evidence"]
     row |= {
-        "delta_log_evidence": best.get("delta_log_evidence"),
+        "delta_log_evidence": max((d for d in cells if d is not None), default=None),
+        "best_sub_cell": best.get("delta_log_evidence"),
         "center_x": best.get("center_x"),
         "center_y": best.get("center_y"),
         "log10_mass": best.get("log10_mass"),
         "cells_failed": sum(d is None for d in cells),
         "cells_above_5": sum(d is not None and d > NULL_PASS for d in cells),
         "lowest_cell": min((d for d in cells if d is not None), default=None),
-        "best_coarse_cell": max((d for d in cells if d is not None), default=None),
+        "best_coarse_cell": max((d for d in coarse if d is not None), default=None),
         # the refined cell's Delta log E (the mean of its sub-cells' evidences)
         "refined_cell": best.get("cell_delta_log_evidence"),
     }

@@ -122,11 +122,11 @@ def _in_cell(template: LensSystem, centre: np.ndarray, uv: np.ndarray, dtype: An
 def _cell_task(setup: tuple[Any, ...], centre: np.ndarray, uv: np.ndarray) -> CellRecord:
     """One cell of the scan from what every cell shares (`setup`), its centre and the
     subhalo's start in it (`uv`, cell units): what a Dask worker runs."""
-    objective, cell_objective, template, solver, free, bounds, max_steps, evidence, quiet = setup
+    objective, cell_objective, template, solver, free, bounds, max_steps, evidence, _ = setup
     dtype = template.mass.components[-1].log10_mass.dtype
     start = _in_cell(template, centre, uv, dtype)
     fitted = _fit(cell_objective, start, solver, free, bounds, max_steps)
-    fitted = _no_worse_than_smooth(fitted, cell_objective, start, quiet, setup)
+    fitted = _no_worse_than_smooth(fitted, start, setup)
     return _cell_evidence(objective, fitted, free, bounds, evidence)
 
 
@@ -135,7 +135,7 @@ def _vmapped(
 ):
     """`(cell, record)` of the cells `todo`: their fits as one `fit_batch` (vectorised,
     split over `mesh`'s devices), then each one's evidence."""
-    objective, cell_objective, template, solver, free, bounds, max_steps, evidence, quiet = setup
+    objective, cell_objective, template, solver, free, bounds, max_steps, evidence, _ = setup
     dtype = template.mass.components[-1].log10_mass.dtype
     starts = [_in_cell(template, centres[i], uv[i], dtype) for i in todo]
     stacked = jtu.tree_map(lambda *x: jnp.stack(x) if eqx.is_array(x[0]) else x[0], *starts)
@@ -151,7 +151,7 @@ def _vmapped(
         route="vmap",
     )
     for k, i in enumerate(todo):
-        fitted = _no_worse_than_smooth(pick(batch, k), cell_objective, starts[k], quiet, setup)
+        fitted = _no_worse_than_smooth(pick(batch, k), starts[k], setup)
         yield i, _cell_evidence(objective, fitted, free, bounds, evidence)
 
 
@@ -211,18 +211,14 @@ def _value(objective: Objective, model: Any) -> Any:
 
 
 def _no_worse_than_smooth(
-    fitted: FitResult,
-    cell_objective: Objective,
-    start: LensSystem,
-    quiet: float,
-    setup: tuple[Any, ...],
+    fitted: FitResult, start: LensSystem, setup: tuple[Any, ...]
 ) -> FitResult:
-    """`fitted`, or the fit from the quiet start (the subhalo of `quiet` log10 Msun: the
-    smooth model) when `fitted` ended worse than that start: a model with a subhalo holds
-    the smooth one, so its fit must do at least as well (from the start at 1e9 Msun, a
-    fit can stop in a worse local minimum: a subhalo at the mask's edge, the macro model
-    pulled away); the better of the two is kept."""
-    _, _, _, solver, free, bounds, max_steps, _, _ = setup
+    """`fitted`, or the fit from the quiet start (`start` with the subhalo of the set-up's
+    quiet log10 mass: the smooth model) when `fitted` ended worse than that start: a model
+    with a subhalo holds the smooth one, so its fit must do at least as well (from the
+    start at 1e9 Msun, a fit can stop in a worse local minimum: a subhalo at the mask's
+    edge, the macro model pulled away); the better of the two is kept."""
+    _, cell_objective, _, solver, free, bounds, max_steps, _, quiet = setup
     low = eqx.tree_at(
         lambda s: s.mass.components[-1].log10_mass,
         start,
