@@ -220,6 +220,13 @@ def laplace_evidence(
     if smoothed:
         h = _smoothed_hessian(objective, param, model, z, unravel, norm, h, smoothing_rounds)
     h = 0.5 * (h + h.T)
+    if not np.all(np.isfinite(h)):
+        names = param.paths(model)
+        bad = sorted({names[i] for i in np.argwhere(~np.isfinite(h))[:, 0]})
+        raise ValueError(
+            f"laplace_evidence: the Hessian at the mode is not finite in {', '.join(bad)} "
+            "(hold those parameters, or give them bounds the data constrain)"
+        )
     w, v = np.linalg.eigh(h)
     negative = int(np.sum(w < 0))
     w = np.abs(w)
