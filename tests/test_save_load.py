@@ -128,6 +128,35 @@ def test_files_of_equinox_alone_still_load_and_are_checked_for_size(tmp_path):
         load(path, sis)
 
 
+def test_a_header_changed_without_changing_its_meaning_is_refused_and_format_1_loads(tmp_path):
+    """A space of the layout's JSON turned into a tab (the same JSON: hypothesis found it)
+    is refused by the layout's checksum; a file of format 1 (no layout checksum, equilens
+    before 2026-12-03) still loads."""
+    import json
+    import zlib
+
+    from equilens.solve._io import _MAGIC
+
+    sie = el.LensSystem(mass=mass.SIE(theta_E=1.1, e1=0.1), source=light.Gaussian(2.0, 0.2))
+    path = tmp_path / "model.eqx"
+    save(path, sie)
+    raw = path.read_bytes()
+    at = raw.index(b", ", len(_MAGIC) + 8) + 1
+    path.write_bytes(raw[:at] + b"\t" + raw[at + 1 :])
+    with pytest.raises(ValueError, match="damaged"):
+        load(path, sie)
+    # format 1, as written before: the header, then the leaves
+    start = len(_MAGIC) + 8
+    n = int.from_bytes(raw[len(_MAGIC) : start], "little")
+    header = json.loads(raw[start : start + n])
+    assert header["format"] == 2
+    payload = raw[start + n + 4 :]
+    assert zlib.crc32(payload) == header["crc32"]
+    old = json.dumps({**header, "format": 1}).encode()
+    path.write_bytes(_MAGIC + len(old).to_bytes(8, "little") + old + payload)
+    _assert_same(load(path, sie), sie)
+
+
 @pytest.mark.x64_only
 def test_precision_follows_like(tmp_path):
     """A float64 save loads into a float32 model as float32, and back."""

@@ -57,17 +57,20 @@ def _layout(tree: PyTree[Any]) -> tuple[list[str], list[str]]:
 
 def save(path: str | os.PathLike, tree: PyTree[Any]) -> None:
     """Writes the array leaves of `tree` (a model or a `FitResult`) to `path`, after a
-    description of the tree's layout (its classes, leaf paths and shapes) and a checksum
-    of the leaves, in one step (an interrupted save leaves the previous file or none); read
-    it back with `load(path, like)`."""
+    description of the tree's layout (its classes, leaf paths and shapes), a checksum of
+    that description and one of the leaves, in one step (an interrupted save leaves the
+    previous file or none); read it back with `load(path, like)`."""
     leaves = io.BytesIO()
     eqx.tree_serialise_leaves(leaves, tree)
     payload = leaves.getvalue()
     lines, dtypes = _layout(tree)
-    header = {"format": 1, "crc32": zlib.crc32(payload), "leaves": lines, "dtypes": dtypes}
+    header = {"format": 2, "crc32": zlib.crc32(payload), "leaves": lines, "dtypes": dtypes}
     header = json.dumps(header).encode()
+    # format 2: the header's own checksum after it (a change that leaves the JSON's meaning,
+    # such as a space turned into a tab, is damage too)
+    check = zlib.crc32(header).to_bytes(4, "little")
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(_MAGIC + len(header).to_bytes(8, "little") + header + payload)
+        f.write(_MAGIC + len(header).to_bytes(8, "little") + header + check + payload)
 
 
 def load(path: str | os.PathLike, like: PyTree[Any]) -> PyTree[Any]:
@@ -90,9 +93,16 @@ def load(path: str | os.PathLike, like: PyTree[Any]) -> PyTree[Any]:
             header = json.loads(raw[start : start + n].decode())
             saved, crc = list(header["leaves"]), int(header["crc32"])
             dtypes = [np.dtype(name) for name in header["dtypes"]]
+            version = header["format"]
+            if version not in (1, 2):
+                raise ValueError(version)
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError):
             raise ValueError(f"{path}: the saved layout is damaged") from None
         payload = raw[start + n :]
+        if version == 2:  # the header's checksum, then the leaves
+            if zlib.crc32(raw[start : start + n]).to_bytes(4, "little") != payload[:4]:
+                raise ValueError(f"{path}: the saved layout is damaged (its checksum)")
+            payload = payload[4:]
         if zlib.crc32(payload) != crc:
             raise ValueError(f"{path} is damaged or truncated (its checksum does not match)")
         wanted, _ = _layout(like)

@@ -184,17 +184,18 @@ def _on_dask(
 
 
 def _fit(
-    cell_objective: Objective,
+    objective: Objective,
     start: LensSystem,
     solver: str,
     free: Any,
-    bounds: Mapping[Where, Bounds],
+    bounds: Mapping[Where, Bounds] | None,
     max_steps: int,
 ) -> FitResult:
-    """A cell's fit of `cell_objective` (the scan's objective and the subhalo's priors in
-    the fit's coordinates) from `start`."""
+    """The scan's fit of `objective` from `start`, failures returned, not raised, and no
+    covariance: a cell's (the scan's objective with the subhalo's priors in the fit's
+    coordinates) or the smooth model's."""
     return fit(
-        cell_objective,
+        objective,
         start,
         solver,
         free=free,

@@ -33,7 +33,7 @@ from ..cosmology import LensCosmology
 from ..mass import MassSum, MultiPlane
 from ..objective import Objective
 from ..objective._params import Bounds, Where
-from ..solve import FitResult, fit
+from ..solve import FitResult
 from ..solve._batch import BatchRoute
 from ..solve._laplace import LaplaceEvidence, laplace_evidence
 from ..solve._parametrise import parametrisation
@@ -42,6 +42,7 @@ from ._cells import (
     CHECKPOINT_FORMAT,
     QUIET_DEX,
     _finite_or_none,
+    _fit,
     _read_checkpoint,
     _run_cells,
 )
@@ -319,16 +320,7 @@ def subhalo_scan(
         # and step limit; the fit given may have had other terms, such as a positions
         # guard, or stopped elsewhere): the comparison is then of like with like, and the
         # cells start from it
-        refit = fit(
-            objective,
-            smooth,
-            solver,
-            free=free,
-            bounds=bounds,
-            max_steps=max_steps,
-            throw=False,
-            covariance=False,
-        )
+        refit = _fit(objective, smooth, solver, free, bounds, max_steps)
         if not math.isfinite(float(refit.value)):
             raise RuntimeError(f"subhalo_scan: the smooth model's refit failed: {refit.message()}")
         smooth = _as_sum(refit.model)
@@ -491,16 +483,7 @@ def _smooth_again(
     subhalo; None when that fit or its evidence fails."""
     comps = model.mass.components[:-1]  # pyright: ignore[reportAttributeAccessIssue]
     start = eqx.tree_at(lambda s: s.mass, model, MassSum(tuple(comps)))
-    r = fit(
-        objective,
-        start,
-        solver,
-        free=free,
-        bounds=bounds,
-        max_steps=max_steps,
-        throw=False,
-        covariance=False,
-    )
+    r = _fit(objective, start, solver, free, bounds, max_steps)
     if not math.isfinite(float(r.value)):
         return None
     try:
