@@ -143,6 +143,10 @@ def _pytest(
         "--ignore=tests/test_crosscheck_pyautolens.py",
         "-q",
         "--durations=15",
+        # a hung test fails with every thread's stack after this long (pytest-timeout),
+        # where it would otherwise hold the run until CI's own limit (the slowest test of
+        # slow-ci took 141 s, of the fast suite 18 s, on the 2-core machine of 2026-12-02)
+        f"--timeout={1800 if marker == 'slow' else 900 if whole_fits else 300}",
         *session.posargs,
         env=env,
     )

@@ -842,3 +842,31 @@ def test_processes_started_together_compile_a_kernel_once(tmp_path):
     counts = sorted(tuple(int(v) for v in out.split()) for out, _ in outs)
     # (misses, hits): one process compiled, the other loaded the cached kernel
     assert counts == [(0, 1), (1, 0)], outs
+
+
+@pytest.mark.precision_independent
+def test_a_compile_lock_held_too_long_is_passed_by(tmp_path, monkeypatch):
+    """A kernel's compile lock that another holder never releases (a soft lock file left by
+    a killed process) delays a compilation by `WAIT_SECONDS`, then the kernel compiles
+    without it; a free lock is taken and released around the compilation."""
+    import filelock
+
+    from equilens.numba import _compile_lock
+
+    monkeypatch.setattr(_compile_lock, "WAIT_SECONDS", 0.3)
+    path = str(tmp_path / "kernel.lock")
+    seen = []
+
+    def compile_(sig):
+        seen.append(_compile_lock._lock_for(path).is_locked)
+        return sig
+
+    locked = _compile_lock._locked(compile_, path)
+    holder = filelock.FileLock(path, thread_local=False)
+    holder.acquire()
+    try:
+        assert locked("f8(f8)") == "f8(f8)" and seen == [False]
+    finally:
+        holder.release()
+    assert locked("i8(i8)") == "i8(i8)" and seen == [False, True]
+    assert not _compile_lock._lock_for(path).is_locked

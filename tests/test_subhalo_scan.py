@@ -377,3 +377,37 @@ def test_scan_on_a_dask_cluster_of_two_workers_equals_the_scan_in_one_process():
         there.refinement.log_evidence, here.refinement.log_evidence, rtol=1e-9, atol=1e-6
     )
     assert there.best["sub_cell"] == here.best["sub_cell"]
+
+
+def test_scan_free_holds_a_pixelized_sources_hyperparameters_alone():
+    """A scan's default free parameters are `fit`'s less the pixelized source's mesh and
+    regularization parameters (named in `held`); a parametric source, or a `free` given,
+    is left as it is."""
+    from equilens.subhalo import scan_free
+    from equilens.subhalo._scan import _as_sum
+
+    objective, start = _lens(False)
+    assert scan_free(objective, start, None, None) == (None, ())
+    given = lambda leaf: True
+    assert scan_free(objective, start, given, None) == (given, ())
+    pix = _as_sum(
+        el.LensSystem(
+            mass=start.mass,
+            source=el.PixelizedSource(el.RectangularMesh((8, 8)), el.AdaptiveBrightness(2.0, 0.5)),
+        )
+    )
+    term = el.LogEvidence(objective.terms[0].imaging)
+    free, held = scan_free(el.Objective(term), pix, None, None)
+    assert held == (
+        "source.regularization.inner_coefficient",
+        "source.regularization.outer_coefficient",
+        "source.regularization.signal_scale",
+    )
+    from equilens.solve._parametrise import parametrisation
+
+    every = parametrisation(el.Objective(term), pix, None, None)
+    ours = parametrisation(el.Objective(term), pix, free, None)
+    names = [p.lstrip(".") for p, f in zip(every.leaf_paths, every.free, strict=True) if f]
+    kept = [p.lstrip(".") for p, f in zip(ours.leaf_paths, ours.free, strict=True) if f]
+    assert kept == [n for n in names if n not in held] and len(kept) == len(names) - 3
+    assert all(n.startswith("mass.") for n in kept)

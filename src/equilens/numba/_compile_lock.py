@@ -58,16 +58,24 @@ def serialise_compilation(namespace: dict[str, Any]) -> None:
         value.compile = _locked(value.compile, path)
 
 
+#: Seconds a process waits for another's compilation of one kernel (one takes seconds to a
+#: minute) before it compiles the kernel itself: a lock whose holder cannot release it (a
+#: soft lock file left by a killed process, where the file system has no `flock`) must not
+#: stop every later process.
+WAIT_SECONDS = 600.0
+
+
 def _locked(compile_: Any, path: str) -> Any:
     def compile(sig):
         lock = _lock_for(path)
         try:
             # (the folder may not exist before the first kernel is cached)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            lock.acquire()
+            lock.acquire(timeout=WAIT_SECONDS)
         except OSError:
             # a folder that takes no lock file takes no cache files either: Numba
-            # compiles in memory, as without the lock
+            # compiles in memory, as without the lock; a lock held too long
+            # (`filelock.Timeout`, an OSError): as without it
             return compile_(sig)
         try:
             return compile_(sig)

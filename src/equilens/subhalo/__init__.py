@@ -15,6 +15,7 @@ from ._profile import (
 )
 from ._scan import (
     SubhaloScan as SubhaloScan,
+    scan_free as scan_free,
     subhalo_scan as subhalo_scan,
     with_subhalo as with_subhalo,
 )

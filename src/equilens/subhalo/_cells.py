@@ -7,6 +7,7 @@ Laplace evidence; the checkpoint's records written as they finish and read back.
 import json
 import math
 import os
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -175,8 +176,13 @@ def _on_dask(
 
     client.run(_x64, bool(jax.config.read("jax_enable_x64")))
     shared = client.scatter(setup, broadcast=True)
+    # a key of its own for every task of every call: Dask refuses nothing when a key comes
+    # back, it returns the old task, and a key submitted again while the scheduler is still
+    # forgetting it can leave the task waiting for ever (dask/distributed#7356); `id(setup)`
+    # is reused once a set-up is freed
+    run = uuid.uuid4().hex
     futures = {
-        client.submit(_cell_task, shared, centres[i], uv[i], key=f"subhalo-cell-{i}-{id(setup)}"): i
+        client.submit(_cell_task, shared, centres[i], uv[i], key=f"subhalo-cell-{i}-{run}"): i
         for i in todo
     }
     for future in as_completed(futures):

@@ -29,7 +29,7 @@ from ..solve._nested import NestedPosterior, nested_sample
 from ..solve._parametrise import parametrisation
 from ..terms import LogEvidence
 from ._profile import Subhalo
-from ._scan import SubhaloScan, _free_with_subhalo, _SubhaloField
+from ._scan import SubhaloScan, _free_with_subhalo, _SubhaloField, scan_free
 
 #: The 16th, 50th and 84th percentiles quoted for the subhalo's posterior.
 PERCENTILES = (0.16, 0.5, 0.84)
@@ -99,7 +99,8 @@ def subhalo_evidence(
     - `scan`, `objective`: the `SubhaloScan` and the objective it was run with (its
       `GaussianPrior` and `UniformPrior` terms are priors, as in `nested_sample`, the rest
       the likelihood; a `LogEvidence` marginalises a pixelized source); `free`, `bounds`:
-      those the scan was given.
+      those the scan was given (the same default: a pixelized source's hyperparameters
+      held, `scan_free`).
     - `box_width`: each shared parameter's prior interval spans both fits' values +-
       `box_width` of their Laplace errors (inside its bounds).
     - `n_live`, `n_eff`, `n_networks`, `seed`, `processes`, `progress`: as in
@@ -120,6 +121,7 @@ def subhalo_evidence(
         raise ValueError(f"subhalo_evidence: box_width must be > 0, got {box_width}")
     smooth = scan.smooth
     n_comp = len(model.mass.components)
+    free, _ = scan_free(objective, smooth, free, bounds)
     sub_free = _free_with_subhalo(objective, smooth, free, bounds, model)
     sub_bounds = {**(bounds or {}), _SubhaloField(n_comp - 1, "log10_mass"): scan.mass_range}
 

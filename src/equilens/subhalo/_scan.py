@@ -37,6 +37,7 @@ from ..solve import FitResult
 from ..solve._batch import BatchRoute
 from ..solve._laplace import LaplaceEvidence, laplace_evidence
 from ..solve._parametrise import parametrisation
+from ..source import PixelizedSource
 from ..terms import LogEvidence, LogisticPrior
 from ._cells import (
     CHECKPOINT_FORMAT,
@@ -80,6 +81,8 @@ class SubhaloScan:
       again from the best subhalo model's fit with the subhalo removed (0 when it did not:
       the first smooth fit was at the better mode); `smooth_log_evidence`, `smooth` and
       every `delta_log_evidence` are against the better of the two.
+    - `held`: the parameters held at the smooth model's values in both models (a
+      pixelized source's hyperparameters, by default: `subhalo_scan`'s `free`).
     """
 
     centres: np.ndarray
@@ -99,6 +102,7 @@ class SubhaloScan:
     mass_range: tuple[float, float] = MASS_RANGE
     refinement: "SubhaloScan | None" = None
     smooth_gain: float = 0.0
+    held: tuple[str, ...] = ()
 
     @property
     def best_fit(self) -> Any:
@@ -120,6 +124,7 @@ class SubhaloScan:
             "best": self.best,
             "smooth_log_evidence": self.smooth_log_evidence,
             "smooth_gain": self.smooth_gain,
+            "held": list(self.held),
             "delta_log_evidence_grid": self.delta_log_evidence_grid,
             "z_lens": self.cosmology.z_lens,
             "z_source": self.cosmology.z_source,
@@ -190,6 +195,36 @@ def _as_sum(model: Any) -> LensSystem:
     return eqx.tree_at(lambda s: s.mass, model, MassSum((model.mass,)))
 
 
+def scan_free(
+    objective: Objective,
+    smooth: LensSystem,
+    free: PyTree[bool] | Callable[[Any], bool] | None,
+    bounds: Mapping[Where, Bounds] | None,
+) -> tuple[PyTree[bool] | Callable[[Any], bool] | None, tuple[str, ...]]:
+    """The free parameters of a scan's smooth model, and the parameters held at their
+    values: `free` as given; for None, what `equilens.fit` frees, less a pixelized
+    source's mesh and regularization parameters (its hyperparameters, held at the smooth
+    model's values: the smooth and subhalo models are then compared under one source
+    prior, as PyAutoLens's search holds those its source pipeline chose; freed, an
+    adaptive regularization's three left the evidence's Hessian singular)."""
+    if free is not None:
+        return free, ()
+    param = parametrisation(objective, smooth, None, bounds, check=False)
+    is_pix = lambda x: isinstance(x, PixelizedSource)
+    hyper: list[bool] = []
+    for node in jtu.tree_leaves(smooth, is_leaf=is_pix):
+        hyper.extend([is_pix(node)] * (len(jtu.tree_leaves(node)) if is_pix(node) else 1))
+    if not any(f and h for f, h in zip(param.free, hyper, strict=True)):
+        return None, ()
+    flags = [f and not h for f, h in zip(param.free, hyper, strict=True)]
+    held = tuple(
+        path.lstrip(".")
+        for path, f, h in zip(param.leaf_paths, param.free, hyper, strict=True)
+        if f and h
+    )
+    return jtu.tree_unflatten(jtu.tree_structure(smooth), flags), held
+
+
 def _free_with_subhalo(
     objective: Objective,
     smooth: LensSystem,
@@ -257,7 +292,9 @@ def subhalo_scan(
       subhalo's truncation, default the smooth model's first mass component's `theta_E`.
     - `free`, `bounds`: the smooth model's free parameters and their bounds (as in
       `equilens.fit`; the subhalo's `log10_mass`, `u` and `v` are added); the same for
-      both models, so their shared priors cancel in the comparison. `bounds` `where`
+      both models, so their shared priors cancel in the comparison. Default: `fit`'s,
+      less a pixelized source's mesh and regularization parameters, held at the smooth
+      model's values (`scan_free`; listed in `SubhaloScan.held`). `bounds` `where`
       functions see the model with its mass as a `MassSum`.
     - `solver`: default `"lm"` for a least-squares objective, else `"bfgs"`;
       `max_steps` per cell.
@@ -312,6 +349,7 @@ def subhalo_scan(
     if not float(host_theta_E) > 0:
         raise ValueError(f"host_theta_E must be > 0 arcsec, got {host_theta_E}")
     centres, half = _cells(objective, grid, half)
+    free, held = scan_free(objective, smooth, free, bounds)
     solver = solver or ("lm" if objective.least_squares else "bfgs")
     dtype = jnp.result_type(float)
     say = log or (lambda _: None)
@@ -467,7 +505,7 @@ def subhalo_scan(
             gain = again.log_evidence - smooth_ev.log_evidence
             say(f"smooth model refitted from the best cell's fit: log evidence +{gain:.2f}")
             scan = _rebased(scan, again)
-    return dataclasses.replace(scan, wall_time=time.perf_counter() - t0)
+    return dataclasses.replace(scan, held=held, wall_time=time.perf_counter() - t0)
 
 
 def _smooth_again(
