@@ -150,6 +150,13 @@ def test_scan_cells_cover_the_mask():
     assert centres.shape[0] < 81  # the cells inside the hole and the corners are dropped
     with pytest.raises(ValueError, match="positive"):
         scan_cells(x, y, mask, 0, 0.1)
+    # a cell's refinement: 3 x 3 sub-cells of a third of its width tile it, row by row
+    from equilens.subhalo._grid import tile
+
+    sub = tile((0.3, -0.6), 0.3, 3)
+    np.testing.assert_allclose(sub[:3], [[0.1, -0.8], [0.3, -0.8], [0.5, -0.8]], atol=1e-15)
+    np.testing.assert_allclose(sub[4], [0.3, -0.6], atol=1e-15)
+    assert sub.shape == (9, 2) and np.all(np.abs(sub - (0.3, -0.6)) <= 0.2 + 1e-15)
 
 
 def _lens(with_subhalo: bool, seed=1):
@@ -411,3 +418,41 @@ def test_scan_free_holds_a_pixelized_sources_hyperparameters_alone():
     kept = [p.lstrip(".") for p, f in zip(ours.leaf_paths, ours.free, strict=True) if f]
     assert kept == [n for n in names if n not in held] and len(kept) == len(names) - 3
     assert all(n.startswith("mass.") for n in kept)
+
+
+@slow_ci
+def test_dask_tasks_of_two_scans_with_one_set_up_have_keys_of_their_own(monkeypatch):
+    """Every task a scan submits has a key of its own, also for a second scan (or a
+    refinement) whose set-up object is the same one, or a new one at the freed one's
+    address: a key submitted again while Dask forgets it can wait for ever
+    (dask/distributed#7356)."""
+    distributed = pytest.importorskip("distributed")
+    from equilens.subhalo import _cells
+
+    keys = []
+
+    class Client:
+        def run(self, *args):
+            pass
+
+        def scatter(self, setup, broadcast):
+            return setup
+
+        def submit(self, fn, shared, centre, uv, key):
+            keys.append(key)
+            return Done(key)
+
+    class Done:
+        def __init__(self, key):
+            self.key = key
+
+        def result(self):
+            return self.key
+
+    monkeypatch.setattr(distributed, "as_completed", lambda futures: list(futures))
+    setup = ("the", "set-up")
+    centres, uv = np.zeros((3, 2)), np.zeros((3, 2))
+    for _ in range(2):
+        done = dict(_cells._on_dask(Client(), setup, centres, uv, [0, 1, 2]))
+        assert sorted(done) == [0, 1, 2] and [done[i] for i in range(3)] == keys[-3:]
+    assert len(set(keys)) == 6

@@ -4,6 +4,17 @@ import numpy as np
 from jaxtyping import Bool, Float
 
 
+def tile(
+    centre: tuple[float, float] | Float[np.ndarray, " 2"], half: float, n: int
+) -> Float[np.ndarray, "cells 2"]:
+    """The centres (arcsec) of the `n` x `n` square cells of half-width `half / n` that
+    tile the square of half-width `half` about `centre`, ordered by row (y), then column
+    (x): a scan's grid, and a refinement's sub-cells of one cell."""
+    offsets = (np.arange(n) + 0.5) * 2 * (half / n) - half
+    cx, cy = (float(v) for v in centre)
+    return np.asarray([(cx + ox, cy + oy) for oy in offsets for ox in offsets], np.float64)
+
+
 def scan_cells(
     x: Float[np.ndarray, "ny nx"],
     y: Float[np.ndarray, "ny nx"],
@@ -26,11 +37,9 @@ def scan_cells(
     side = max(hi_x - lo_x, hi_y - lo_y)
     cx, cy = (lo_x + hi_x) / 2, (lo_y + hi_y) / 2
     half = side / (2 * n)
-    edges = (np.arange(n) + 0.5) * 2 * half - side / 2
-    centres = []
-    for ey in edges:
-        for ex in edges:
-            inside = (np.abs(xs - (cx + ex)) <= half) & (np.abs(ys - (cy + ey)) <= half)
-            if inside.any():
-                centres.append((cx + ex, cy + ey))
-    return np.asarray(centres, np.float64), float(half)
+    centres = [
+        c
+        for c in tile((cx, cy), side / 2, n)
+        if ((np.abs(xs - c[0]) <= half) & (np.abs(ys - c[1]) <= half)).any()
+    ]
+    return np.asarray(centres, np.float64).reshape(-1, 2), float(half)

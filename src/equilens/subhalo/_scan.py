@@ -47,7 +47,7 @@ from ._cells import (
     _read_checkpoint,
     _run_cells,
 )
-from ._grid import scan_cells
+from ._grid import scan_cells, tile
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
 
 
@@ -452,14 +452,7 @@ def subhalo_scan(
         # best cell's fit (its macro model and source, the subhalo's mass; the sub-cell
         # holding its subhalo starts from its position, the others from their centres)
         sub_half = half / refine
-        offsets = (np.arange(refine) + 0.5) * 2 * sub_half - half
-        sub_centres = np.asarray(
-            [
-                (scan.centres[scan.best_index, 0] + ox, scan.centres[scan.best_index, 1] + oy)
-                for oy in offsets
-                for ox in offsets
-            ]
-        )
+        sub_centres = tile(scan.centres[scan.best_index], half, refine)
         at = np.asarray(best.mass.components[-1].center, np.float64)
         uv = np.zeros_like(sub_centres)
         inside = np.all(np.abs(at - sub_centres) <= sub_half, axis=1)
