@@ -957,6 +957,7 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(fits_
     assert max(c["delta_log_evidence"] for c in subs) < 5
     assert best["delta_log_evidence"] == max(c["delta_log_evidence"] for c in subs)
     assert result["z_lens"] == 0.3 and "x grows with the column index" in result["convention"]
+    assert result["held"] == []  # (a parametric source: nothing held)
     assert (tmp_path / "scan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 1 + 4 + 4
 
