@@ -39,7 +39,7 @@ def scan_cells(
     half = side / (2 * n)
     centres = [
         c
-        for c in tile((cx, cy), side / 2, n)
+        for c in tile((float(cx), float(cy)), float(side / 2), n)
         if ((np.abs(xs - c[0]) <= half) & (np.abs(ys - c[1]) <= half)).any()
     ]
     return np.asarray(centres, np.float64).reshape(-1, 2), float(half)

@@ -452,7 +452,7 @@ def subhalo_scan(
         # best cell's fit (its macro model and source, the subhalo's mass; the sub-cell
         # holding its subhalo starts from its position, the others from their centres)
         sub_half = half / refine
-        sub_centres = tile(scan.centres[scan.best_index], half, refine)
+        sub_centres = tile(scan.centres[scan.best_index], float(half), refine)
         at = np.asarray(best.mass.components[-1].center, np.float64)
         uv = np.zeros_like(sub_centres)
         inside = np.all(np.abs(at - sub_centres) <= sub_half, axis=1)
