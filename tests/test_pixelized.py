@@ -1195,6 +1195,22 @@ def test_adaptive_regularization_rounds_keep_the_adapt_image_of_the_best_round()
     best = max(s["log_evidence"] for s in stages[1:])
     assert float(inversion.log_evidence) == pytest.approx(best, rel=1e-9)
     assert float(result.model.mass.components[0].theta_E) == pytest.approx(1.0, abs=0.01)
+    # the inversion carries that stage's adapt image: the term built from it gives the
+    # result's evidence again (what a scan or sampler of this model must use), the
+    # default term (the data, lens light included, as adapt image) another one
+    term = el.LogEvidence(imaging, adapt_image=inversion.adapt_image)
+    assert float(term.log_evidence(result.model)) == pytest.approx(best, rel=1e-9)
+    np.testing.assert_array_equal(term.adapt_image, inversion.adapt_image)
+    data_term = el.LogEvidence(imaging)
+    assert abs(float(data_term.log_evidence(result.model)) - best) > 1.0
+    # (the data's adapt image: the data on the mapped pixels, zero elsewhere, clipped at 0)
+    on = np.zeros(imaging.grid.shape[0] * imaging.grid.shape[1], bool)
+    on[np.asarray(data_term.mapped)] = True
+    on = on.reshape(imaging.grid.shape)
+    np.testing.assert_array_equal(
+        np.asarray(data_term.adapt_image)[on], np.maximum(np.asarray(imaging.data)[on], 0.0)
+    )
+    assert not np.asarray(data_term.adapt_image)[~on].any()
 
 
 @pytest.mark.slow

@@ -268,7 +268,8 @@ def test_a_cell_fit_that_ends_worse_than_the_smooth_model_is_redone_from_a_quiet
     smooth = el.fit(objective, start, covariance=False)
     centres = np.asarray([[0.1, 0.8], [-0.8, -0.6]])
     kw = dict(grid=centres, half=0.3, kind="pseudo_jaffe", progress=False, max_steps=3, refine=0)
-    scan = subhalo_scan(objective, smooth, LC, start_log10_mass=10.8, **kw)
+    # (start_grid=0: the fits start at 10^10.8 Msun, not at the best of the start grid)
+    scan = subhalo_scan(objective, smooth, LC, start_log10_mass=10.8, start_grid=0, **kw)
     assert scan.failed == 0
     assert np.all(scan.delta_log_evidence > -15), scan.delta_log_evidence
     assert all(fit.mass.components[-1].log10_mass < 9.0 for fit in scan.fits)
@@ -292,6 +293,11 @@ def test_a_smooth_model_short_of_its_mode_is_fitted_again_from_the_best_cell():
         refit_smooth=False,
         refine=0,
         progress=False,
+        # (the start grid scores a cell's starts with the macro model held where the smooth
+        # model is, here far from its mode: a heavy subhalo there stands in for the missing
+        # Einstein radius and leads the fit to another mode; the scan's default refits the
+        # smooth model first)
+        start_grid=0,
     )
     assert scan.smooth_gain > 100
     assert np.all(scan.delta_log_evidence < 5), scan.delta_log_evidence
@@ -384,6 +390,50 @@ def test_scan_on_a_dask_cluster_of_two_workers_equals_the_scan_in_one_process():
         there.refinement.log_evidence, here.refinement.log_evidence, rtol=1e-9, atol=1e-6
     )
     assert there.best["sub_cell"] == here.best["sub_cell"]
+
+
+def test_a_cells_fit_starts_from_the_best_of_its_start_grid():
+    """The start grid's candidates tile the cell and keep the masses inside the prior; on a
+    lens with a 10^9.7 Msun subhalo at (0, 0.9)" in a cell centred at (0.2, 0.7)" (half-width
+    0.3"), the best start is the candidate nearest the subhalo, with a mass near its own,
+    far better than the default start at the cell's centre; a cell without a subhalo keeps
+    a small mass (or the default)."""
+    from equilens.subhalo._scan import _as_sum, with_subhalo
+    from equilens.subhalo._seed import best_starts, start_candidates
+
+    cand = start_candidates(3, (6.0, 8.0, 9.5, 10.0, 11.0), (6.0, 11.0))
+    assert cand.shape == (27, 3)  # 9 positions x the 3 masses strictly inside the bounds
+    np.testing.assert_allclose(sorted(set(cand[:, 0])), [-2 / 3, 0.0, 2 / 3], atol=1e-15)
+    assert set(cand[:, 2]) == {8.0, 9.5, 10.0}
+    with pytest.raises(ValueError, match="start_grid"):
+        start_candidates(0, (9.0,), (6.0, 11.0))
+    with pytest.raises(ValueError, match="inside mass_range"):
+        start_candidates(2, (12.0,), (6.0, 11.0))
+
+    objective, start = _lens(True)
+    smooth = _as_sum(el.fit(objective, start, covariance=False).model)
+    template = with_subhalo(
+        smooth,
+        Subhalo(log10_mass=9.0, half=0.3, host_theta_E=0.9, cosmology=LC, kind="pseudo_jaffe"),
+    )
+    centres = np.asarray([[0.2, 0.7], [-0.8, -0.6]])
+    defaults = np.asarray([[0.0, 0.0, 9.0], [0.0, 0.0, 9.0]])
+    cand = start_candidates(3, (7.0, 8.0, 9.0, 9.5, 10.0, 10.5), (6.0, 11.0))
+    starts, values = best_starts(objective, template, centres, cand, defaults)
+    u, v, m = starts[0]
+    assert (u, v) == pytest.approx((-2 / 3, 2 / 3))  # the sub-square holding (0, 0.9)
+    assert 9.0 <= m <= 10.5
+    assert starts[1][2] <= 9.0  # no subhalo there: no heavy one preferred
+    # the values are the objective's at those starts; the default start's is worse
+    at = lambda c, s: with_subhalo(
+        smooth,
+        Subhalo(
+            log10_mass=s[2], u=s[0], v=s[1], cell_x=c[0], cell_y=c[1], half=0.3,
+            host_theta_E=0.9, cosmology=LC, kind="pseudo_jaffe",
+        ),
+    )  # fmt: skip
+    assert values[0] == pytest.approx(float(objective(at(centres[0], starts[0]))), rel=1e-9)
+    assert float(objective(at(centres[0], defaults[0]))) > values[0] + 10
 
 
 def test_scan_free_holds_a_pixelized_sources_hyperparameters_alone():

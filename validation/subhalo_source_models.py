@@ -73,7 +73,7 @@ def one(stem: str, mask_radius: float, variant: str, cells, half: float, out: st
     smooth, inversion, _, _ = _pixelized_stage(
         imaging, smooth, mesh, make_regularization(reg, None), None, "lm", None, None, False
     )
-    objective = el.Objective(el.LogEvidence(imaging))
+    objective = el.Objective(el.LogEvidence(imaging, adapt_image=inversion.adapt_image))
     scan = el.subhalo_scan(
         objective,
         smooth,

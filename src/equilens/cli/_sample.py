@@ -305,7 +305,7 @@ def _fit_one(
         return result, Objective(terms), None
     print(f"  pixelized source: {pix_label}")
     parametric = result
-    result, _, _, held = _pixelized_stage(
+    result, inversion, _, held = _pixelized_stage(
         imaging,
         result,
         pix_mesh,
@@ -318,8 +318,9 @@ def _fit_one(
         power_law,
     )
     # the sampled parameters: the mass, the source marginalised by the evidence (and the
-    # images held together as in the fit); the regularization held as fitted
-    terms = [LogEvidence(imaging)]
+    # images held together as in the fit); the regularization held as fitted, with the
+    # brightness estimate it was fitted to (an AdaptiveBrightness's adapt image)
+    terms = [LogEvidence(imaging, adapt_image=inversion.adapt_image)]
     if held is not None:
         terms.append(threshold_term(parametric.model, held))  # fit_pixelized's own guard
     objective = Objective(terms)

@@ -132,10 +132,13 @@ def run_subhalo(
         partial=partial,
     )
     if pixelized:
-        smooth, _, _, _ = _pixelized_stage(
+        smooth, inversion, _, _ = _pixelized_stage(
             imaging, smooth, pix_mesh, pix_reg, strength, solver, max_steps, None, progress
         )
-        objective = Objective(LogEvidence(imaging))
+        # the evidence the chain's last stage maximised: with the brightness estimate its
+        # regularization was fitted to (an AdaptiveBrightness's adapt image), which the
+        # scan holds with the regularization's parameters
+        objective = Objective(LogEvidence(imaging, adapt_image=inversion.adapt_image))
     else:
         objective = Objective(GaussianLikelihood(imaging))
     if partial is not None:

@@ -25,6 +25,10 @@ class Inversion(eqx.Module):
       `t` the noise-weighted data and `b` the system's right-hand side, in float64; the
       evidence then needs no model image. The reported `chi2` is from the residuals and
       agrees to round-off.)
+    - `adapt_image`: for `fit_pixelized`'s result, the brightness estimate its last kept
+      stage's `LogEvidence` adapted an `AdaptiveBrightness` to (`LogEvidence.adapt_image`;
+      `LogEvidence(imaging, adapt_image=inversion.adapt_image)` is that stage's term, the
+      one whose evidence the fitted hyperparameters maximise); None otherwise.
     """
 
     values: Float[Array, " n"]
@@ -41,6 +45,7 @@ class Inversion(eqx.Module):
     log_evidence: Scalar
     valid: Bool[Array, ""]
     route: str = eqx.field(static=True)
+    adapt_image: Float[Array, "ny nx"] | None = None
 
     def source_image(self, grid: Grid) -> Float[Array, "ny nx"]:
         """The source interpolated to a regular source-plane `grid` (an `equilens.Grid`):

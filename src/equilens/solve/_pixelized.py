@@ -248,7 +248,9 @@ def fit_pixelized(
     over the mass alone). The result's `notes` say which.
 
     Returns the `FitResult` of the last kept stage (solved source and amplitudes filled
-    in), its `Inversion` (the source's 1-sigma errors included), and one record per stage
+    in), its `Inversion` (the source's 1-sigma errors included; its `adapt_image` the
+    brightness estimate of that stage's `LogEvidence`: build the same term from it to
+    evaluate or refit this model's evidence), and one record per stage
     (`{"stage": name, "log_evidence": value, "status": words, "num_steps": n, "seconds":
     wall time since the previous record, "theta_E": arcsec, "gamma": slope}`, the last
     two the first mass component's Einstein radius and slope where it has them)."""
@@ -383,7 +385,9 @@ def fit_pixelized(
         else:
             why = trial.message() if not trial.success else f"log evidence {gain:+.1f}"
             say(f"    (not kept: {why}; the SIE needs a gain over {POWER_LAW_GAIN:g})")
-    inversion = _invert_with_errors(term, r.model)
+    inversion = dataclasses.replace(
+        _invert_with_errors(term, r.model), adapt_image=term.adapt_image
+    )
     r, _ = with_arc_check(imaging, r, say, term.complete(r.model))
     return dataclasses.replace(r, wall_time=time.perf_counter() - t0), inversion, stages
 

@@ -32,8 +32,9 @@ CellRecord = tuple[float, str, Any, dict[str, float]]
 QUIET_DEX = 0.5
 #: A cell's status when its fit ran out of steps (its evidence is still computed).
 MAX_STEPS_STATUS = "successful (the fit reached max_steps; evidence from where it stopped)"
-#: The checkpoint's format version (a file of another version is not resumed from).
-CHECKPOINT_FORMAT = 1
+#: The checkpoint's format version (a file of another version is not resumed from; 2: the
+#: cells' fits start from the start grid, `_seed`).
+CHECKPOINT_FORMAT = 2
 
 
 def _finite_or_none(v: float) -> float | None:
@@ -44,7 +45,7 @@ def _run_cells(
     setup: tuple[Any, ...],
     centres: np.ndarray,
     half: float,
-    uv: np.ndarray,
+    starts: np.ndarray,
     done: dict[int, dict[str, Any]],
     key: str,
     *,
@@ -56,10 +57,11 @@ def _run_cells(
     progress: bool,
     say: Callable[..., None],
 ) -> tuple[np.ndarray, list[str], list[Any], list[dict[str, float]]]:
-    """Fits the cells `centres` (of half-width `half`, the subhalo started at `uv` in cell
-    units) not in `done` (the checkpoint's records, by index); each finished cell written to
-    `checkpoint` under `key` ("cell", or "sub" for the refinement's sub-cells) as it
-    finishes. Returns each cell's log-evidence, status, fitted model and subhalo errors."""
+    """Fits the cells `centres` (of half-width `half`, the subhalo started at `starts`: `(u,
+    v, log10_mass)` a cell) not in `done` (the checkpoint's records, by index); each
+    finished cell written to `checkpoint` under `key` ("cell", or "sub" for the
+    refinement's sub-cells) as it finishes. Returns each cell's log-evidence, status,
+    fitted model and subhalo errors."""
     template = setup[2]
     dtype = template.mass.components[-1].log10_mass.dtype
     n = centres.shape[0]
@@ -74,15 +76,15 @@ def _run_cells(
         errors[i] = rec.get("errors") or {}
         if rec["values"] is not None:
             values = unravel(jnp.asarray(rec["values"], dtype))
-            fits[i] = param.with_values(values, _in_cell(template, centres[i], uv[i], dtype))
+            fits[i] = param.with_values(values, _in_cell(template, centres[i], starts[i], dtype))
     todo = [i for i in range(n) if i not in done]
     bar = _bar(len(todo), progress, "subhalo scan" if key == "cell" else "refinement")
     if client is not None:
-        finished = _on_dask(client, setup, centres, uv, todo)
+        finished = _on_dask(client, setup, centres, starts, todo)
     elif todo and batch_route(route, mesh) == "vmap":
-        finished = _vmapped(setup, centres, uv, todo, mesh)
+        finished = _vmapped(setup, centres, starts, todo, mesh)
     else:
-        finished = ((i, _cell_task(setup, centres[i], uv[i])) for i in todo)
+        finished = ((i, _cell_task(setup, centres[i], starts[i])) for i in todo)
     for i, rec in finished:
         log_e[i], status[i], fits[i], errors[i] = rec
         values = None if rec[2] is None else np.asarray(ravel_pytree(param.values(rec[2]))[0])
@@ -105,8 +107,9 @@ def _run_cells(
     return log_e, status, fits, errors
 
 
-def _in_cell(template: LensSystem, centre: np.ndarray, uv: np.ndarray, dtype: Any) -> LensSystem:
-    """`template` with its subhalo's cell at `centre` and the subhalo at `uv` (cell units)."""
+def _in_cell(template: LensSystem, centre: np.ndarray, start: np.ndarray, dtype: Any) -> LensSystem:
+    """`template` with its subhalo's cell at `centre` and the subhalo at `start`: `(u, v,
+    log10_mass)` (cell units, log10 Msun)."""
     n = len(template.mass.components)  # pyright: ignore[reportAttributeAccessIssue]
     return eqx.tree_at(
         lambda s: (
@@ -114,32 +117,33 @@ def _in_cell(template: LensSystem, centre: np.ndarray, uv: np.ndarray, dtype: An
             s.mass.components[n - 1].cell_y,
             s.mass.components[n - 1].u,
             s.mass.components[n - 1].v,
+            s.mass.components[n - 1].log10_mass,
         ),
         template,
-        tuple(jnp.asarray(float(v), dtype) for v in (*centre, *uv)),
+        tuple(jnp.asarray(float(v), dtype) for v in (*centre, *start)),
     )
 
 
-def _cell_task(setup: tuple[Any, ...], centre: np.ndarray, uv: np.ndarray) -> CellRecord:
+def _cell_task(setup: tuple[Any, ...], centre: np.ndarray, at: np.ndarray) -> CellRecord:
     """One cell of the scan from what every cell shares (`setup`), its centre and the
-    subhalo's start in it (`uv`, cell units): what a Dask worker runs."""
+    subhalo's start in it (`at`: `(u, v, log10_mass)`): what a Dask worker runs."""
     objective, cell_objective, template, solver, free, bounds, max_steps, evidence, _ = setup
     dtype = template.mass.components[-1].log10_mass.dtype
-    start = _in_cell(template, centre, uv, dtype)
+    start = _in_cell(template, centre, at, dtype)
     fitted = _fit(cell_objective, start, solver, free, bounds, max_steps)
     fitted = _no_worse_than_smooth(fitted, start, setup)
     return _cell_evidence(objective, fitted, free, bounds, evidence)
 
 
 def _vmapped(
-    setup: tuple[Any, ...], centres: np.ndarray, uv: np.ndarray, todo: list[int], mesh: Any
+    setup: tuple[Any, ...], centres: np.ndarray, starts: np.ndarray, todo: list[int], mesh: Any
 ):
     """`(cell, record)` of the cells `todo`: their fits as one `fit_batch` (vectorised,
     split over `mesh`'s devices), then each one's evidence."""
     objective, cell_objective, template, solver, free, bounds, max_steps, evidence, _ = setup
     dtype = template.mass.components[-1].log10_mass.dtype
-    starts = [_in_cell(template, centres[i], uv[i], dtype) for i in todo]
-    stacked = jtu.tree_map(lambda *x: jnp.stack(x) if eqx.is_array(x[0]) else x[0], *starts)
+    models = [_in_cell(template, centres[i], starts[i], dtype) for i in todo]
+    stacked = jtu.tree_map(lambda *x: jnp.stack(x) if eqx.is_array(x[0]) else x[0], *models)
     batch = fit_batch(
         cell_objective,
         stacked,
@@ -152,7 +156,7 @@ def _vmapped(
         route="vmap",
     )
     for k, i in enumerate(todo):
-        fitted = _no_worse_than_smooth(pick(batch, k), starts[k], setup)
+        fitted = _no_worse_than_smooth(pick(batch, k), models[k], setup)
         yield i, _cell_evidence(objective, fitted, free, bounds, evidence)
 
 
@@ -164,7 +168,7 @@ def _x64(enabled: bool) -> None:
 
 
 def _on_dask(
-    client: Any, setup: tuple[Any, ...], centres: np.ndarray, uv: np.ndarray, todo: list[int]
+    client: Any, setup: tuple[Any, ...], centres: np.ndarray, starts: np.ndarray, todo: list[int]
 ):
     """`(cell, record)` of the cells `todo` as Dask's workers finish them. The shared set-up
     is sent to every worker once (`scatter(broadcast=True)`): each worker's tasks get the
@@ -182,7 +186,7 @@ def _on_dask(
     # is reused once a set-up is freed
     run = uuid.uuid4().hex
     futures = {
-        client.submit(_cell_task, shared, centres[i], uv[i], key=f"subhalo-cell-{i}-{run}"): i
+        client.submit(_cell_task, shared, centres[i], starts[i], key=f"subhalo-cell-{i}-{run}"): i
         for i in todo
     }
     for future in as_completed(futures):
@@ -289,7 +293,7 @@ def _read_checkpoint(path: Any, header: dict[str, Any]) -> list[dict[str, Any]] 
     if not lines or "header" not in lines[0]:
         raise ValueError(f"{path} is not a subhalo scan checkpoint")
     old = lines[0]["header"]
-    for key in ("format", "kind", "mass_range", "centres"):
+    for key in ("format", "kind", "mass_range", "centres", "start_grid", "start_masses"):
         if old.get(key) != header[key]:
             raise ValueError(
                 f"{path} holds a scan with another {key}: remove it or pass another checkpoint"

@@ -18,7 +18,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -49,6 +49,7 @@ from ._cells import (
 )
 from ._grid import scan_cells, tile
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
+from ._seed import START_MASSES, best_starts, start_candidates
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +255,8 @@ def subhalo_scan(
     kind: SubhaloKind = "tnfw",
     mass_range: tuple[float, float] = MASS_RANGE,
     start_log10_mass: float = 9.0,
+    start_grid: int = 3,
+    start_masses: Sequence[float] = START_MASSES,
     host_theta_E: float | None = None,
     free: PyTree[bool] | Callable[[Any], bool] | None = None,
     bounds: Mapping[Where, Bounds] | None = None,
@@ -288,7 +291,15 @@ def subhalo_scan(
       `MASS_RANGE`, 1e6-1e11); `start_log10_mass`: each cell fit's start (a fit that
       ends worse than the cell model with a negligible subhalo, `QUIET_DEX` above the
       lower bound, is done again from there and the better kept: a subhalo model holds
-      the smooth one); `host_theta_E`: the host's Einstein radius (arcsec) for the
+      the smooth one); `start_grid`, `start_masses`: each cell's fit starts from the best
+      (by the cell fit's objective, the macro model and source held at the smooth fit) of
+      the subhalo at the centres of `start_grid` x `start_grid` sub-squares of the cell
+      times `start_masses` (log10 Msun, those inside `mass_range`) and of the start above
+      (a global search over the subhalo where the local fit would stop in the nearest of
+      a rough evidence's local optima: `equilens.subhalo._seed`; 0 for none; it needs
+      the smooth model at its mode, as `refit_smooth` makes it: far from it, a heavy
+      subhalo can stand in for the macro model's error);
+      `host_theta_E`: the host's Einstein radius (arcsec) for the
       subhalo's truncation, default the smooth model's first mass component's `theta_E`.
     - `free`, `bounds`: the smooth model's free parameters and their bounds (as in
       `equilens.fit`; the subhalo's `log10_mass`, `u` and `v` are added); the same for
@@ -339,6 +350,11 @@ def subhalo_scan(
         raise ValueError(f"mass_range must have lower < upper (log10 Msun), got {mass_range}")
     if not lo < float(start_log10_mass) < hi:
         raise ValueError(f"start_log10_mass must be inside mass_range {mass_range}")
+    if isinstance(start_grid, bool) or not isinstance(start_grid, int) or start_grid < 0:
+        raise ValueError(f"start_grid must be 0 (none) or a positive integer, got {start_grid!r}")
+    candidates = (
+        start_candidates(start_grid, start_masses, (lo, hi)) if start_grid else np.zeros((0, 3))
+    )
     if isinstance(refine, bool) or not isinstance(refine, int) or refine < 0 or refine == 1:
         raise ValueError(
             f"refine must be 0 (none) or an integer >= 2 sub-cells a side, got {refine!r}"
@@ -410,6 +426,8 @@ def subhalo_scan(
         "half": half,
         "centres": centres.tolist(),
         "smooth_log_evidence": smooth_ev.log_evidence,
+        "start_grid": start_grid,
+        "start_masses": sorted({float(m) for m in candidates[:, 2]}),
     }
     records = _read_checkpoint(checkpoint, header)
     if checkpoint is not None and records is None:
@@ -444,7 +462,9 @@ def subhalo_scan(
         ),
     )
     done = {int(r["cell"]): r for r in records if "cell" in r}
-    cells = run(setup, centres, half, np.zeros_like(centres), done, "cell")
+    first = np.tile([0.0, 0.0, float(start_log10_mass)], (len(centres), 1))
+    starts = _starts(cell_objective, template, centres, candidates, first, done, say)
+    cells = run(setup, centres, half, starts, done, "cell")
     scan = _summary(centres, half, cells, smooth_ev, kind, cosmology, (lo, hi), len(done))
     best = scan.fits[scan.best_index]
     if refine and best is not None:
@@ -454,10 +474,11 @@ def subhalo_scan(
         sub_half = half / refine
         sub_centres = tile(scan.centres[scan.best_index], float(half), refine)
         at = np.asarray(best.mass.components[-1].center, np.float64)
-        uv = np.zeros_like(sub_centres)
+        first = np.zeros((len(sub_centres), 3))
+        first[:, 2] = float(best.mass.components[-1].log10_mass)
         inside = np.all(np.abs(at - sub_centres) <= sub_half, axis=1)
         k = int(np.argmax(inside))
-        uv[k] = np.clip((at - sub_centres[k]) / sub_half, -0.95, 0.95)
+        first[k, :2] = np.clip((at - sub_centres[k]) / sub_half, -0.95, 0.95)
         sub_template = eqx.tree_at(
             lambda s: (
                 s.mass.components[-1].half,
@@ -477,7 +498,8 @@ def subhalo_scan(
             and np.allclose(r["center"], sub_centres[int(r["sub"])], rtol=0, atol=1e-9)
             and math.isclose(r["half"], sub_half, rel_tol=1e-9)
         }
-        sub_cells = run(sub_setup, sub_centres, sub_half, uv, done, "sub")
+        starts = _starts(cell_objective, sub_template, sub_centres, candidates, first, done, say)
+        sub_cells = run(sub_setup, sub_centres, sub_half, starts, done, "sub")
         refined = _summary(
             sub_centres, sub_half, sub_cells, smooth_ev, kind, cosmology, (lo, hi), len(done)
         )
@@ -592,6 +614,31 @@ def _summary(
         resumed=resumed,
         mass_range=mass_range,
     )
+
+
+def _starts(
+    cell_objective: Objective,
+    template: LensSystem,
+    centres: np.ndarray,
+    candidates: np.ndarray,
+    first: np.ndarray,
+    done: Mapping[int, Any],
+    say: Callable[[str], None],
+) -> np.ndarray:
+    """The cells' starts `(u, v, log10_mass)`: `first`, or for the cells not `done` the best
+    of it and the `candidates` (`best_starts`)."""
+    todo = [i for i in range(len(centres)) if i not in done]
+    if not len(candidates) or not todo:
+        return first
+    t0 = time.perf_counter()
+    starts = np.array(first)
+    starts[todo], _ = best_starts(cell_objective, template, centres[todo], candidates, first[todo])
+    moved = int(np.sum(np.any(starts[todo] != first[todo], axis=1)))
+    say(
+        f"start grid: the best of {len(candidates) + 1} starts in each of {len(todo)} cells "
+        f"({moved} away from the default start; {time.perf_counter() - t0:.0f} s)"
+    )
+    return starts
 
 
 def _cells(objective: Objective, grid: Any, half: float | None) -> tuple[np.ndarray, float]:

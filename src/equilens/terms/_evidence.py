@@ -299,6 +299,15 @@ class LogEvidence(AbstractImagingTerm):
     def model_image(self, system: LensSystem) -> Float[Array, "ny nx"]:
         return self.invert(system).model_image
 
+    @property
+    def adapt_image(self) -> Float[Array, "ny nx"]:
+        """The brightness estimate `AdaptiveBrightness` adapts to, as an `(ny, nx)` image
+        (zero off the pixels the source is mapped to, its negative values clipped):
+        `LogEvidence(imaging, adapt_image=term.adapt_image)` is the same term."""
+        ny, nx = self.imaging.grid.shape
+        flat = jnp.zeros(ny * nx, self.adapt.dtype).at[self.mapped].set(self.adapt)
+        return flat.reshape(ny, nx)
+
     def complete(self, system: LensSystem) -> LensSystem:
         """`system` with the solved source values (and mesh) and linear amplitudes."""
         return with_inversion(system, self.invert(system))

@@ -1,0 +1,96 @@
+"""Where each cell's fit of a subhalo scan starts (`subhalo_scan(start_grid=...)`): the best
+of a grid of subhalo positions in the cell and masses, the macro model and source held at
+the smooth model's fit.
+
+A pixelized source's evidence is rough on small scales (traced pixels cross the mesh's cells
+as the mass changes): a quasi-Newton fit of a cell started at one point (the cell's centre,
+1e9 Msun) stops in the nearest of its narrow local optima, often where it started, so a cell
+whose subhalo would sit elsewhere in it is not found. The grid is a global search over the
+subhalo's three parameters at the price of a few dozen evaluations of the objective per
+cell (one vectorised program, compiled once for every cell), before the local fit refits the
+macro model with the subhalo.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Float
+
+from ..objective import Objective
+
+#: The subhalo masses (log10 Msun) of the start grid, kept inside the scan's mass range.
+START_MASSES = (7.0, 7.5, 8.0, 8.5, 9.0, 9.5, 10.0, 10.5)
+#: Candidates evaluated at once (vectorised): bounds the memory of a pixelized source's
+#: dense matrices (one set per candidate).
+BATCH = 8
+
+
+def start_candidates(
+    n: int, masses: Sequence[float], mass_range: tuple[float, float]
+) -> Float[np.ndarray, "k 3"]:
+    """The `(u, v, log10_mass)` candidates of one cell: the centres of its `n` x `n` sub-squares
+    (cell units, `-1 < u, v < 1`) times the `masses` strictly inside `mass_range`."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"start_grid must be a positive number of positions a side, got {n!r}")
+    lo, hi = mass_range
+    kept = [float(m) for m in masses if lo < float(m) < hi]
+    if not kept:
+        raise ValueError(f"no start mass {tuple(masses)} lies inside mass_range {mass_range}")
+    offsets = (np.arange(n) + 0.5) * 2.0 / n - 1.0
+    return np.asarray([(u, v, m) for v in offsets for u in offsets for m in kept], np.float64)
+
+
+def _evaluate(objective: Objective, template: Any, cell: Any, candidates: Any) -> Any:
+    """`objective` of `template` with its subhalo in the cell `cell` (`(x, y)`) at each of
+    `candidates` (`(k, 3)`: u, v, log10 mass), `BATCH` at a time."""
+
+    def one(c):
+        model = eqx.tree_at(
+            lambda s: (
+                s.mass.components[-1].cell_x,
+                s.mass.components[-1].cell_y,
+                s.mass.components[-1].u,
+                s.mass.components[-1].v,
+                s.mass.components[-1].log10_mass,
+            ),
+            template,
+            (cell[0], cell[1], c[0], c[1], c[2]),
+        )
+        return objective(model)
+
+    return jax.lax.map(one, candidates, batch_size=BATCH)
+
+
+_evaluate_jit = eqx.filter_jit(_evaluate)
+
+
+def best_starts(
+    objective: Objective,
+    template: Any,
+    centres: Float[np.ndarray, "cells 2"],
+    candidates: Float[np.ndarray, "k 3"],
+    defaults: Float[np.ndarray, "cells 3"],
+) -> tuple[Float[np.ndarray, "cells 3"], Float[np.ndarray, " cells"]]:
+    """Each cell's start `(u, v, log10_mass)`: the one of `candidates` and the cell's
+    `defaults` row with the lowest `objective` (the cell fit's, priors included), the rest of
+    `template` held; and that value (NaN where none is finite: the default is kept)."""
+    dtype = template.mass.components[-1].log10_mass.dtype
+    starts = np.array(defaults, np.float64)
+    values = np.full(len(centres), np.nan)
+    for i, centre in enumerate(centres):
+        pool = np.concatenate([np.asarray(defaults[i : i + 1], np.float64), candidates])
+        v = np.asarray(
+            _evaluate_jit(
+                objective, template, jnp.asarray(centre, dtype), jnp.asarray(pool, dtype)
+            ),
+            np.float64,
+        )
+        v = np.where(np.isfinite(v), v, np.inf)
+        k = int(np.argmin(v))
+        if np.isfinite(v[k]):
+            starts[i], values[i] = pool[k], v[k]
+    return starts, values
