@@ -432,7 +432,8 @@ def test_a_cells_fit_starts_from_the_best_of_its_start_grid():
             host_theta_E=0.9, cosmology=LC, kind="pseudo_jaffe",
         ),
     )  # fmt: skip
-    assert values[0] == pytest.approx(float(objective(at(centres[0], starts[0]))), rel=1e-9)
+    tol = 1e-9 if X64 else 1e-4
+    assert values[0] == pytest.approx(float(objective(at(centres[0], starts[0]))), rel=tol)
     assert float(objective(at(centres[0], defaults[0]))) > values[0] + 10
 
 
