@@ -908,6 +908,7 @@ def _subhalo_args(paths, *extra):
         (("--source", "sersic", "--mesh", "adaptive"), "--mesh is an option of --source pixelized"),
         (("--workers", "0"), "--workers must be between 1 and"),
         (("--refine", "1"), "--refine must be 0 (none) or between 2 and"),
+        (("--start-grid", "-1"), "--start-grid must be between 0 and"),
         (("--scheduler", "tcp://127.0.0.1:9", "--workers", "2"), "exclude each other"),
     ],
 )
@@ -936,6 +937,8 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(fits_
         "--workers",  # the cells on a local Dask cluster (the extra `cluster`)
         "2",
         "--refine",
+        "2",
+        "--start-grid",  # each cell from the best of its 2 x 2 x 8 start grid
         "2",
     )
     assert main([*argv, "--json", str(out)]) == 0

@@ -248,8 +248,17 @@ def test_scan_of_a_lens_without_subhalo_finds_none():
     objective, start = _lens(False)
     smooth = el.fit(objective, start, covariance=False)
     centres = np.asarray([[0.1, 0.8], [-0.8, -0.6]])
+    # (each cell from the best of its start grid: a start grid does not make a detection
+    # where there is no subhalo)
     scan = subhalo_scan(
-        objective, smooth, LC, grid=centres, half=0.3, kind="pseudo_jaffe", progress=False
+        objective,
+        smooth,
+        LC,
+        grid=centres,
+        half=0.3,
+        kind="pseudo_jaffe",
+        progress=False,
+        start_grid=3,
     )
     assert scan.failed == 0
     assert np.all(scan.delta_log_evidence < 5)

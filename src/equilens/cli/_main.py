@@ -236,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
         help="N: the best cell then tiled by N x N sub-cells, each fitted (default 3; 0: none)",
     )
     shp.add_argument(
+        "--start-grid",
+        type=int,
+        default=0,
+        help="N: each cell's fit starts from the best of N x N positions x 8 masses, the macro "
+        "model held (default 0: from the cell's centre at 1e9 Msun)",
+    )
+    shp.add_argument(
         "--kind",
         default="tnfw",
         choices=["tnfw", "pseudo_jaffe"],
@@ -410,6 +417,8 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
         raise ValueError(
             f"--refine must be 0 (none) or between 2 and {MAX_GRID}, got {args.refine}"
         )
+    if not 0 <= args.start_grid <= MAX_GRID:
+        raise ValueError(f"--start-grid must be between 0 and {MAX_GRID}, got {args.start_grid}")
     args.positions = args.positions_sigma = None
     args.power_law = False
     args.fixed_mask = True
@@ -437,6 +446,7 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
             kind=args.kind,
             grid=args.grid,
             refine=args.refine,
+            start_grid=args.start_grid,
             solver=args.solver,
             max_steps=args.max_steps,
             mesh=args.mesh,

@@ -74,6 +74,7 @@ def run_subhalo(
     kind: str = "tnfw",
     grid: int = 5,
     refine: int = 3,
+    start_grid: int = 0,
     solver: str = "lm",
     max_steps: int | None = None,
     mesh: str | None = None,
@@ -86,14 +87,15 @@ def run_subhalo(
     nested: bool = False,
 ) -> dict[str, str]:
     """Fits the smooth model to `imaging` as `equilens fit` does (the parametric fit, then for
-    `source="pixelized"` the evidence chain), then scans a `grid` x `grid` grid of cells over the
-    mask for a subhalo of profile `kind`, the best cell refined by `refine` x `refine` sub-cells
-    (`equilens.subhalo_scan`, each finished cell appended to `OUT_cells.jsonl` beside the JSON: a
-    rerun resumes from it). Writes the JSON (the best subhalo, every cell's log-evidence, the smooth
-    model's) and the figure (`.png`). With a Dask `client`, the cells run on its workers. `nested`:
-    the best cell's evidence difference by nested sampling too (`subhalo_evidence`, under `"nested"`
-    in the JSON). Returns the paths and, under `"status"`, `"successful"` or what failed (the smooth
-    fit, or how many cells)."""
+    `source="pixelized"` the evidence chain), then scans a `grid` x `grid` grid of cells over
+    the mask for a subhalo of profile `kind`, the best cell refined by `refine` x `refine`
+    sub-cells, each cell's fit started from its `start_grid` (`equilens.subhalo_scan`, each
+    finished cell appended to `OUT_cells.jsonl` beside the JSON: a rerun resumes from it).
+    Writes the JSON (the best subhalo, every cell's log-evidence, the smooth model's) and the
+    figure (`.png`). With a Dask `client`, the cells run on its workers. `nested`: the best
+    cell's evidence difference by nested sampling too (`subhalo_evidence`, under `"nested"`
+    in the JSON). Returns the paths and, under `"status"`, `"successful"` or what failed (the
+    smooth fit, or how many cells)."""
     from ..cosmology import LensCosmology
     from ..objective import Objective
     from ..solve import fit_lens, result_to_dict
@@ -154,6 +156,7 @@ def run_subhalo(
         cosmology,
         grid=grid,
         refine=refine,
+        start_grid=start_grid,
         kind=kind,  # pyright: ignore[reportArgumentType]
         solver=None if solver == "lm" and pixelized else solver,
         max_steps=500 if max_steps is None else max_steps,

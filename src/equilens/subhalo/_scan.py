@@ -255,7 +255,7 @@ def subhalo_scan(
     kind: SubhaloKind = "tnfw",
     mass_range: tuple[float, float] = MASS_RANGE,
     start_log10_mass: float = 9.0,
-    start_grid: int = 3,
+    start_grid: int = 0,
     start_masses: Sequence[float] = START_MASSES,
     host_theta_E: float | None = None,
     free: PyTree[bool] | Callable[[Any], bool] | None = None,
@@ -296,9 +296,10 @@ def subhalo_scan(
       the subhalo at the centres of `start_grid` x `start_grid` sub-squares of the cell
       times `start_masses` (log10 Msun, those inside `mass_range`) and of the start above
       (a global search over the subhalo where the local fit would stop in the nearest of
-      a rough evidence's local optima: `equilens.subhalo._seed`; 0 for none; it needs
-      the smooth model at its mode, as `refit_smooth` makes it: far from it, a heavy
-      subhalo can stand in for the macro model's error);
+      a rough evidence's local optima: `equilens.subhalo._seed`; default 0: none, the
+      cell's centre at `start_log10_mass`; not a uniform improvement, see
+      docs/subhalo.md; it needs the smooth model at its mode, as `refit_smooth` makes
+      it: far from it, a heavy subhalo can stand in for the macro model's error);
       `host_theta_E`: the host's Einstein radius (arcsec) for the
       subhalo's truncation, default the smooth model's first mass component's `theta_E`.
     - `free`, `bounds`: the smooth model's free parameters and their bounds (as in
