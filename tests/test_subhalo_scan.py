@@ -237,6 +237,17 @@ def test_scan_finds_an_injected_subhalo_refines_its_cell_and_resumes_from_its_ch
     assert finer.resumed == 2 and finer.refinement is not None
     assert finer.refinement.resumed == 0 and finer.refinement.failed == 0
     assert len(path.read_text().splitlines()) == 7 + 9
+    with pytest.raises(ValueError, match="another start_grid"):
+        subhalo_scan(objective, smooth, LC, refine=3, start_grid=2, **kw)
+    # a checkpoint written before the start grid existed (its header without it: every
+    # cell from its centre) resumes as start_grid=0
+    lines = path.read_text().splitlines()
+    head = json.loads(lines[0])
+    del head["header"]["start_grid"], head["header"]["start_masses"]
+    path.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    older = subhalo_scan(objective, smooth, LC, refine=3, **kw)
+    assert older.resumed == 2 and older.refinement is not None
+    assert older.refinement.resumed == 9
     with pytest.raises(ValueError, match="another"):
         subhalo_scan(objective, smooth, LC, **{**kw, "kind": "tnfw"})
     with pytest.raises(ValueError, match="refine must be"):

@@ -32,9 +32,8 @@ CellRecord = tuple[float, str, Any, dict[str, float]]
 QUIET_DEX = 0.5
 #: A cell's status when its fit ran out of steps (its evidence is still computed).
 MAX_STEPS_STATUS = "successful (the fit reached max_steps; evidence from where it stopped)"
-#: The checkpoint's format version (a file of another version is not resumed from; 2: the
-#: cells' fits start from the start grid, `_seed`).
-CHECKPOINT_FORMAT = 2
+#: The checkpoint's format version (a file of another version is not resumed from).
+CHECKPOINT_FORMAT = 1
 
 
 def _finite_or_none(v: float) -> float | None:
@@ -292,7 +291,9 @@ def _read_checkpoint(path: Any, header: dict[str, Any]) -> list[dict[str, Any]] 
         lines = [json.loads(line) for line in f if line.strip()]
     if not lines or "header" not in lines[0]:
         raise ValueError(f"{path} is not a subhalo scan checkpoint")
-    old = lines[0]["header"]
+    # (a header without the start grid's keys was written before it existed: every cell
+    # started at its centre, as with start_grid=0)
+    old = {"start_grid": 0, "start_masses": [], **lines[0]["header"]}
     for key in ("format", "kind", "mass_range", "centres", "start_grid", "start_masses"):
         if old.get(key) != header[key]:
             raise ValueError(
