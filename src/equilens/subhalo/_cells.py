@@ -178,7 +178,12 @@ def _on_dask(
     from distributed import as_completed
 
     client.run(_x64, bool(jax.config.read("jax_enable_x64")))
-    shared = client.scatter(setup, broadcast=True)
+    # random keys for the scattered set-up (`hash=False`): by default a scattered object's
+    # key is a hash of its content, so a second call with the same parts (the refinement
+    # after the cells, a second scan) scatters them again under keys the scheduler may be
+    # forgetting from the first call's futures: its tasks were then cancelled for "lost
+    # dependencies" (seen in CI), the same race as dask/distributed#7356's
+    shared = client.scatter(setup, broadcast=True, hash=False)
     # a key of its own for every task of every call: Dask refuses nothing when a key comes
     # back, it returns the old task, and a key submitted again while the scheduler is still
     # forgetting it can leave the task waiting for ever (dask/distributed#7356); `id(setup)`
