@@ -106,21 +106,27 @@ def _run_cells(
     return log_e, status, fits, errors
 
 
-def _in_cell(template: LensSystem, centre: np.ndarray, start: np.ndarray, dtype: Any) -> LensSystem:
-    """`template` with its subhalo's cell at `centre` and the subhalo at `start`: `(u, v,
-    log10_mass)` (cell units, log10 Msun)."""
-    n = len(template.mass.components)  # pyright: ignore[reportAttributeAccessIssue]
+def place(template: LensSystem, cell: Any, at: Any) -> LensSystem:
+    """`template` with its subhalo's (its last mass component's) cell centred at `cell`
+    (`(x, y)`, arcsec) and the subhalo at `at` (`(u, v, log10_mass)`: cell units, log10
+    Msun): arrays or scalars of the subhalo's dtype, so it traces under `jit` and
+    `lax.map`."""
     return eqx.tree_at(
         lambda s: (
-            s.mass.components[n - 1].cell_x,
-            s.mass.components[n - 1].cell_y,
-            s.mass.components[n - 1].u,
-            s.mass.components[n - 1].v,
-            s.mass.components[n - 1].log10_mass,
+            s.mass.components[-1].cell_x,
+            s.mass.components[-1].cell_y,
+            s.mass.components[-1].u,
+            s.mass.components[-1].v,
+            s.mass.components[-1].log10_mass,
         ),
         template,
-        tuple(jnp.asarray(float(v), dtype) for v in (*centre, *start)),
+        (cell[0], cell[1], at[0], at[1], at[2]),
     )
+
+
+def _in_cell(template: LensSystem, centre: np.ndarray, start: np.ndarray, dtype: Any) -> LensSystem:
+    """`place` from host values: `template`'s subhalo in the cell at `centre`, at `start`."""
+    return place(template, jnp.asarray(centre, dtype), jnp.asarray(start, dtype))
 
 
 def _cell_task(setup: tuple[Any, ...], centre: np.ndarray, at: np.ndarray) -> CellRecord:

@@ -21,6 +21,7 @@ import numpy as np
 from jaxtyping import Float
 
 from ..objective import Objective
+from ._cells import place
 
 #: The subhalo masses (log10 Msun) of the start grid, kept inside the scan's mass range.
 START_MASSES = (7.0, 7.5, 8.0, 8.5, 9.0, 9.5, 10.0, 10.5)
@@ -49,18 +50,7 @@ def _evaluate(objective: Objective, template: Any, cell: Any, candidates: Any) -
     `candidates` (`(k, 3)`: u, v, log10 mass), `BATCH` at a time."""
 
     def one(c):
-        model = eqx.tree_at(
-            lambda s: (
-                s.mass.components[-1].cell_x,
-                s.mass.components[-1].cell_y,
-                s.mass.components[-1].u,
-                s.mass.components[-1].v,
-                s.mass.components[-1].log10_mass,
-            ),
-            template,
-            (cell[0], cell[1], c[0], c[1], c[2]),
-        )
-        return objective(model)
+        return objective(place(template, cell, c))
 
     return jax.lax.map(one, candidates, batch_size=BATCH)
 
