@@ -123,5 +123,6 @@ def final_subclasses(root: type) -> set[str]:
 def slow_ci(fn):
     """Marks a test `slow` and `ci`: out of the README's test command (the fast suite), run
     by `nox -s slow-ci` on every `.ci/run`. For the tests that start processes (each imports
-    JAX anew: 5-30 s on the 2-core machine) or run a whole fit."""
+    JAX anew: 5-30 s on the 2-core machine) or run a whole fit, and for float64-only checks
+    whose compiles take 10-20 s (the README's command must stay under 12 minutes)."""
     return pytest.mark.slow(pytest.mark.ci(fn))

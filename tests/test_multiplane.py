@@ -15,6 +15,8 @@ import equilens.numba as enb
 from equilens import light, mass
 from equilens.mass import MultiPlane
 from equilens.mass._multiplane import _transverse
+from equilens.numba._terms import solve_lens_equation
+from equilens.terms._positions import source_plane_offsets
 from helpers import slow_ci
 
 X64 = jax.config.read("jax_enable_x64")
@@ -202,7 +204,7 @@ def test_gradients_with_respect_to_every_halo_parameter():
             assert abs(ad - fd) < 1e-6 * max(1.0, abs(fd))
 
 
-@pytest.mark.precision_independent  # (the padding of a batch; float32 images: above)
+@slow_ci  # (20 s of compiles on the 2-core machine: out of the README's 12 minutes)
 def test_stacked_realisations_vmap_as_each_alone():
     sie = mass.SIE(theta_E=1.0, e1=0.05, e2=0.0)
     lenses = []
@@ -261,8 +263,54 @@ def test_bad_input_and_no_potential():
         MultiPlane([lens], [0.5], 2.0)
     with pytest.raises(NotImplementedError, match="no single lensing potential"):
         lens.potential(jnp.zeros(2), jnp.zeros(2))
-    with pytest.raises(NotImplementedError, match="deflection only"):
-        enb.hessian(lens, np.zeros(2), np.ones(2))
+    with pytest.raises(NotImplementedError, match="no lensing potential"):
+        enb.potential(lens, np.zeros(2), np.ones(2))
+
+
+def test_the_numba_backend_gives_a_multiplane_lens_jacobian_and_positions():
+    """The Numba backend's Jacobian of a MultiPlane (its recursion, forward mode) is the JAX
+    hessian's four components, unequal off the diagonal; convergence, magnification and
+    the positions terms (both planes) through it equal JAX's; and the positions' offsets
+    `A^-1 (beta_i - beta)` for a non-symmetric `A` equal a direct linear solve."""
+    sie = mass.SIE(theta_E=1.0, e1=0.05, e2=0.02) + mass.ExternalShear(0.02, 0.01)
+    halos = [mass.SIS(theta_E=0.15, center_x=0.7, center_y=0.2), mass.SIS(0.1, -0.5, -0.6)]
+    lens = MultiPlane([sie, *halos], [0.5, 0.2, 0.9], 1.5)
+    x, y = np.meshgrid(np.linspace(-1.9, 2.0, 17), np.linspace(-1.7, 1.8, 13))
+    jx, jy = jnp.asarray(x), jnp.asarray(y)
+    tol = 1e-10 if X64 else 1e-4
+    expected = eqx.filter_jit(MultiPlane.hessian)(lens, jx, jy)
+    got = enb.hessian(lens, x, y)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, np.asarray(e), rtol=0, atol=tol)
+    assert float(np.max(np.abs(got[1] - got[2]))) > 1e-3  # (not a potential's Hessian)
+    kappa = np.asarray(eqx.filter_jit(MultiPlane.convergence)(lens, jx, jy))
+    np.testing.assert_allclose(enb.convergence(lens, x, y), kappa, rtol=0, atol=tol)
+    mu = np.asarray(eqx.filter_jit(MultiPlane.magnification)(lens, jx, jy))
+    np.testing.assert_allclose(enb.magnification(lens, x, y), mu, rtol=10 * tol, atol=0)
+    # the source-plane positions term of four points near the Einstein ring, and the Numba
+    # lens-equation solve (Newton with the full Jacobian) from two points: two images
+    px, py = np.array([1.02, -0.95, 0.1, -0.2]), np.array([0.43, -0.4, 1.05, -0.98])
+    term = el.PositionsTerm(jnp.asarray(px), jnp.asarray(py), 0.01)
+    value = float(eqx.filter_jit(lambda t, m: t(m))(term, lens))
+    assert abs(enb.value(term, lens) - value) < (1e-8 if X64 else 1e-3) * abs(value)
+    tx, ty, ok = solve_lens_equation(lens, px[:2], py[:2], 0.04, 0.02)
+    assert ok.all() and np.hypot(tx[0] - tx[1], ty[0] - ty[1]) > 0.5
+    bx, by = enb.ray_shoot(lens, tx, ty)
+    np.testing.assert_allclose(np.stack([bx, by]), [[0.04, 0.04], [0.02, 0.02]], atol=1e-9)
+    # the offsets' formula against a direct solve, A non-symmetric
+    rng = np.random.default_rng(3)
+    f = rng.normal(0.0, 0.3, (4, 5))  # fxx, fxy, fyx, fyy at 5 images
+    bx, by = rng.normal(0.0, 0.1, 5), rng.normal(0.0, 0.1, 5)
+    (rx, ry), (beta_x, beta_y) = source_plane_offsets(bx, by, *f)
+    a = np.stack([np.stack([1 - f[0], -f[1]]), np.stack([-f[2], 1 - f[3]])]).transpose(2, 0, 1)
+    inv = np.linalg.inv(a)
+    # beta minimises sum |A_i^-1 (b_i - beta)|^2: the stacked least-squares problem
+    beta = np.linalg.lstsq(
+        inv.reshape(-1, 2), np.einsum("nij,nj->ni", inv, np.stack([bx, by], 1)).ravel()
+    )[0]
+    np.testing.assert_allclose([beta_x, beta_y], beta, rtol=1e-12, atol=1e-14)
+    r = np.einsum("nij,nj->ni", inv, np.stack([bx - beta[0], by - beta[1]], 1))
+    np.testing.assert_allclose(np.stack([rx, ry], 1), r, rtol=1e-12, atol=1e-14)
 
 
 @slow_ci
@@ -308,7 +356,7 @@ def test_the_substructure_page_snippets_run():
     assert float(image.max()) > 0.0
 
 
-@pytest.mark.x64_only
+@slow_ci  # (20 s: the Numba evidence and its JAX program)
 def test_the_pixelized_evidence_through_a_one_plane_lens_is_the_single_plane_one():
     """A MultiPlane in the pixelized source's evidence: one plane gives the single-plane
     lens's log-evidence (JAX and Numba), and a halo behind the lens changes it."""

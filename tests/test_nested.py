@@ -370,6 +370,7 @@ def test_nested_sampling_in_worker_processes_is_the_same_run(capsys):
     assert "nested: finished:" in err and f"{two.n_likelihood:,} likelihood calls" in err
 
 
+@slow_ci  # (a nested run interrupted: 9-12 s)
 def test_ctrl_c_keeps_the_points_so_far(monkeypatch):
     """Ctrl-C (SIGINT sent to this process by the likelihood's 451st call) ends
     `nested_sample` after the batch it interrupted with `NestedInterrupted`, a

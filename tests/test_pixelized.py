@@ -1685,7 +1685,7 @@ def test_host_system_cotangents_of_every_operand():
     assert float(fit) == pytest.approx(float(chi2 + reg_term), rel=1e-10)
 
 
-@pytest.mark.precision_independent
+@slow_ci  # (20 s: two eager reverse passes of the sparse route)
 def test_factor_store_is_only_a_shortcut(dataset, monkeypatch):
     # the sparse route's reverse pass takes the forward call's factor from the host store;
     # without it (dropped, or taken by an earlier pass of the same call) it recomputes it:

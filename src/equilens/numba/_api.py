@@ -15,7 +15,7 @@ from ..light import AbstractLightProfile, AbstractLinearLightProfile
 from ..mass import AbstractMassProfile
 from ._registry import (
     DEFLECTION,
-    HESSIAN,
+    JACOBIAN,
     POTENTIAL,
     _flat,
     kernel_basis,
@@ -79,11 +79,11 @@ def hessian(
     Float[np.ndarray, "*grid"],
 ]:
     """`(psi_xx, psi_xy, psi_yx, psi_yy)`, as `profile.hessian(x, y)` (analytic here;
-    0 at the exact centre of a cusp, where it is infinite)."""
+    0 at the exact centre of a cusp, where it is infinite): the deflection's Jacobian,
+    `psi_xy = d alpha_x / dy` and `psi_yx = d alpha_y / dx` (equal but for a `MultiPlane`)."""
     xf, yf, shape = _flat(x, y)
-    out = mass_rows(profile, xf, yf, HESSIAN)
-    f_xy = out[1].reshape(shape)
-    return out[0].reshape(shape), f_xy, f_xy.copy(), out[2].reshape(shape)
+    out = mass_rows(profile, xf, yf, JACOBIAN)
+    return tuple(row.reshape(shape) for row in out)  # pyright: ignore[reportReturnType]
 
 
 def convergence(
@@ -91,8 +91,8 @@ def convergence(
 ) -> Float[np.ndarray, "*grid"]:
     """Convergence `kappa = (psi_xx + psi_yy) / 2`, as `profile.convergence(x, y)`."""
     xf, yf, shape = _flat(x, y)
-    out = mass_rows(profile, xf, yf, HESSIAN)
-    return (0.5 * (out[0] + out[2])).reshape(shape)
+    out = mass_rows(profile, xf, yf, JACOBIAN)
+    return (0.5 * (out[0] + out[3])).reshape(shape)
 
 
 def ray_shoot(
@@ -109,9 +109,9 @@ def magnification(
 ) -> Float[np.ndarray, "*grid"]:
     """Signed magnification `1 / det A`, as `profile.magnification(x, y)`."""
     xf, yf, shape = _flat(x, y)
-    f_xx, f_xy, f_yy = mass_rows(profile, xf, yf, HESSIAN)
+    f_xx, f_xy, f_yx, f_yy = mass_rows(profile, xf, yf, JACOBIAN)
     with np.errstate(divide="ignore"):
-        return (1 / ((1 - f_xx) * (1 - f_yy) - f_xy * f_xy)).reshape(shape)
+        return (1 / ((1 - f_xx) * (1 - f_yy) - f_xy * f_yx)).reshape(shape)
 
 
 def intensity(

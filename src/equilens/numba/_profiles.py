@@ -14,6 +14,8 @@ from . import _light_kernels as lk, _mass_kernels as mk
 from ._registry import (
     _ROWS,
     DEFLECTION,
+    HESSIAN,
+    JACOBIAN,
     _writable,
     batch_members,
     kernel_intensity,
@@ -95,18 +97,24 @@ def _mass_batch(profile, x, y, what):
     return functools.reduce(np.add, [kernel_rows(p, x, y, what) for p in members])
 
 
-@register_mass(ms.MultiPlane)
+@register_mass(ms.MultiPlane, full_jacobian=True)
 def _multi_plane(profile, x, y, what):
     # (the planes' recursion in NumPy, each plane's profiles by their kernels; the module
-    # docstring of equilens.mass._multiplane has the equations)
-    if what != DEFLECTION:
+    # docstring of equilens.mass._multiplane has the equations. The Jacobian is carried
+    # through it, forward mode: d(position)/d(theta) and d(angle)/d(theta), 2 x 2 a pixel)
+    if what not in (DEFLECTION, JACOBIAN):
         raise NotImplementedError(
-            "the Numba backend evaluates a MultiPlane's deflection only: it has no lensing "
-            "potential, and its Jacobian is not symmetric (the backend's Hessian rows are); "
-            "use the JAX methods"
+            "a MultiPlane has no lensing potential, and its Jacobian is not symmetric: the "
+            "Numba backend gives its deflection and its full Jacobian (the JAX hessian's "
+            "four components)"
         )
+    jacobian = what == JACOBIAN
     px, py = np.zeros_like(x), np.zeros_like(y)
     ax, ay = x.copy(), y.copy()
+    # dp[i, j] = d p_i / d theta_j, da likewise (rows x, y; columns by x, by y)
+    dp = np.zeros((2, 2, x.size))
+    da = np.zeros((2, 2, x.size))
+    da[0, 0] = da[1, 1] = 1.0
     planes = profile.components()
     for (_, members), dt, t_i, f in zip(
         planes, profile.steps, profile.to_observer, profile.factors, strict=True
@@ -117,8 +125,23 @@ def _multi_plane(profile, x, y, what):
         for m in members:
             d += kernel_rows(m, xs, ys, DEFLECTION)
         ax, ay = ax - f * d[0], ay - f * d[1]
+        if jacobian:
+            dp += da * dt
+            h = np.zeros((3, x.size))
+            for m in members:
+                h += kernel_rows(m, xs, ys, HESSIAN)
+            hm = np.stack([np.stack([h[0], h[1]]), np.stack([h[1], h[2]])])
+            # d alpha(p / t_i) = H (dp / t_i)
+            da -= (f / t_i) * np.einsum("ikn,kjn->ijn", hm, dp)
     px, py = px + ax * profile.last_step, py + ay * profile.last_step
-    return np.stack([x - px / profile.to_source, y - py / profile.to_source])
+    if not jacobian:
+        return np.stack([x - px / profile.to_source, y - py / profile.to_source])
+    dp += da * profile.last_step
+    # the deflection theta - beta, beta = p / to_source: its Jacobian I - dp / to_source
+    jac = -dp / profile.to_source
+    jac[0, 0] += 1.0
+    jac[1, 1] += 1.0
+    return np.stack([jac[0, 0], jac[0, 1], jac[1, 0], jac[1, 1]])
 
 
 # (each kernel takes the class's scalar parameters but the amplitude in the order the

@@ -14,29 +14,40 @@ import numpy as np
 
 from .._custom_types import FloatScalar
 
-#: What a mass kernel computes: the rows of its output.
-DEFLECTION, POTENTIAL, HESSIAN = 0, 1, 2
-_ROWS = {DEFLECTION: 2, POTENTIAL: 1, HESSIAN: 3}
+#: What a mass kernel computes: the rows of its output. `JACOBIAN` is the deflection's
+#: Jacobian in full, `(d alpha_x/dx, d alpha_x/dy, d alpha_y/dx, d alpha_y/dy)`: the JAX
+#: `hessian`'s `(psi_xx, psi_xy, psi_yx, psi_yy)`, which `kernel_rows` makes from a kernel's
+#: symmetric Hessian rows unless the kernel computes it (`register_mass(full_jacobian=True)`:
+#: a lens mapping that is not a potential's gradient, `MultiPlane`).
+DEFLECTION, POTENTIAL, HESSIAN, JACOBIAN = 0, 1, 2, 3
+_ROWS = {DEFLECTION: 2, POTENTIAL: 1, HESSIAN: 3, JACOBIAN: 4}
 
 #: `fn(profile, x, y, what) -> out` with `x`, `y` flat float64 and `out` of shape
 #: `(rows, x.size)`: deflection `(alpha_x, alpha_y)`, potential `(psi,)` or Hessian
-#: `(psi_xx, psi_xy, psi_yy)`.
+#: `(psi_xx, psi_xy, psi_yy)` (and `JACOBIAN`'s four rows for a `full_jacobian` kernel).
 MassKernel = Callable[[Any, np.ndarray, np.ndarray, int], np.ndarray]
 #: `fn(profile, x, y) -> out` with `out` of shape `(n_basis, x.size)` (a linear profile's
 #: basis images) or `(x.size,)` (a light profile's intensity).
 LightKernel = Callable[[Any, np.ndarray, np.ndarray], np.ndarray]
 
 _MASS: dict[type, MassKernel] = {}
+_FULL_JACOBIAN: set[type] = set()
 _BASIS: dict[type, LightKernel] = {}
 _INTENSITY: dict[type, LightKernel] = {}
 
 
-def register_mass(cls: type) -> Callable[[MassKernel], MassKernel]:
+def register_mass(cls: type, *, full_jacobian: bool = False) -> Callable[[MassKernel], MassKernel]:
     """Registers the Numba kernel of the mass profile class `cls` (that class only, not its
-    subclasses): `fn(profile, x, y, what)` as `MassKernel` describes."""
+    subclasses): `fn(profile, x, y, what)` as `MassKernel` describes. `full_jacobian`: the
+    kernel computes `JACOBIAN`'s four rows itself (a mapping whose Jacobian is not
+    symmetric); by default they are made from its `HESSIAN` rows."""
 
     def decorate(fn: MassKernel) -> MassKernel:
         _MASS[cls] = fn
+        if full_jacobian:
+            _FULL_JACOBIAN.add(cls)
+        else:
+            _FULL_JACOBIAN.discard(cls)
         return fn
 
     return decorate
@@ -133,6 +144,9 @@ def kernel_rows(profile: Any, x: np.ndarray, y: np.ndarray, what: int) -> np.nda
     kernel = _MASS.get(type(profile))
     if kernel is None:
         raise _not_implemented(profile)
+    if what == JACOBIAN and type(profile) not in _FULL_JACOBIAN:
+        f_xx, f_xy, f_yy = kernel(profile, x, y, HESSIAN)
+        return np.stack([f_xx, f_xy, f_xy, f_yy])
     return kernel(profile, x, y, what)
 
 

@@ -47,7 +47,7 @@ from ..terms._formulas import (
 from ..terms._positions import source_plane_offsets
 from ._api import mass_rows
 from ._image import image, linear_images
-from ._registry import DEFLECTION, HESSIAN
+from ._registry import DEFLECTION, JACOBIAN
 from ._runtime import blas_threads, per_object
 
 TermFunction = Callable[[Any, Any], float]
@@ -248,12 +248,12 @@ def solve_lens_equation(
         xt, yt = np.ascontiguousarray(x[todo]), np.ascontiguousarray(y[todo])
         alpha = mass_rows(mass, xt, yt, DEFLECTION)
         fx, fy = xt - alpha[0] - beta_x, yt - alpha[1] - beta_y
-        fxx, fxy, fyy = mass_rows(mass, xt, yt, HESSIAN)
-        a11, a12, a22 = 1.0 - fxx, -fxy, 1.0 - fyy
+        fxx, fxy, fyx, fyy = mass_rows(mass, xt, yt, JACOBIAN)
+        a11, a12, a21, a22 = 1.0 - fxx, -fxy, -fyx, 1.0 - fyy
         with np.errstate(divide="ignore", invalid="ignore"):
-            det = a11 * a22 - a12 * a12
+            det = a11 * a22 - a12 * a21
             dx = -(a22 * fx - a12 * fy) / det
-            dy = -(a11 * fy - a12 * fx) / det
+            dy = -(a11 * fy - a21 * fx) / det
         x[todo], y[todo] = xt + dx, yt + dy
         small = (np.maximum(np.abs(dx), np.abs(dy)) <= tol * (1.0 + np.hypot(xt, yt))) & (
             np.maximum(np.abs(fx), np.abs(fy)) <= tol
@@ -274,8 +274,10 @@ def _positions(term: PositionsTerm, model: Any) -> float:
     mass = _mass_of(model)
     x, y = np.asarray(term.x, np.float64), np.asarray(term.y, np.float64)
     alpha = mass_rows(mass, x, y, DEFLECTION)
-    fxx, fxy, fyy = mass_rows(mass, x, y, HESSIAN)
-    (rx, ry), (beta_x, beta_y) = source_plane_offsets(x - alpha[0], y - alpha[1], fxx, fxy, fyy)
+    fxx, fxy, fyx, fyy = mass_rows(mass, x, y, JACOBIAN)
+    (rx, ry), (beta_x, beta_y) = source_plane_offsets(
+        x - alpha[0], y - alpha[1], fxx, fxy, fyx, fyy
+    )
     if term.plane != "source":
         tx, ty, ok = solve_lens_equation(mass, x, y, float(beta_x), float(beta_y))
         # (an image the solve cannot reach: an infinite residual, as in JAX)

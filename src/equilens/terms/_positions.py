@@ -19,18 +19,21 @@ def _vector(x: Float[ArrayLike, "..."]) -> Float[Array, "..."]:
     return as_float(x)
 
 
-def source_plane_offsets(bx, by, fxx, fxy, fyy):
+def source_plane_offsets(bx, by, fxx, fxy, fyx, fyy):
     """The image-plane offsets `A_i^-1 (beta_i - beta)` of traced images `(bx, by)` from
     the best common source position `beta` (the `A^-T A^-1`-weighted mean: Oguri 2010),
-    and `beta`, from the Hessians at the images. Arithmetic and `.sum()` only, so that
-    JAX and NumPy arrays (the Numba backend) run the same formula."""
-    # A = d beta / d theta; its inverse maps source-plane offsets to the image plane
-    a11, a12, a22 = 1 - fxx, -fxy, 1 - fyy
-    det = a11 * a22 - a12 * a12
-    i11, i12, i22 = a22 / det, -a12 / det, a11 / det
+    and `beta`, from the deflection's Jacobians at the images (`hessian`'s four
+    components: `fxy = d alpha_x / dy`, `fyx = d alpha_y / dx`, unequal for a multi-plane
+    lens). Arithmetic and `.sum()` only, so that JAX and NumPy arrays (the Numba backend)
+    run the same formula."""
+    # A = d beta / d theta = I - d alpha / d theta; its inverse maps source-plane offsets
+    # to the image plane
+    a11, a12, a21, a22 = 1 - fxx, -fxy, -fyx, 1 - fyy
+    det = a11 * a22 - a12 * a21
+    i11, i12, i21, i22 = a22 / det, -a12 / det, -a21 / det, a11 / det
     # M = A^-T A^-1 (symmetric): weights of the best common source position
-    m11 = i11 * i11 + i12 * i12
-    m12 = i11 * i12 + i12 * i22
+    m11 = i11 * i11 + i21 * i21
+    m12 = i11 * i12 + i21 * i22
     m22 = i12 * i12 + i22 * i22
     s11, s12, s22 = m11.sum(), m12.sum(), m22.sum()
     t1 = (m11 * bx + m12 * by).sum()
@@ -39,7 +42,7 @@ def source_plane_offsets(bx, by, fxx, fxy, fyy):
     beta_x = (s22 * t1 - s12 * t2) / sdet
     beta_y = (s11 * t2 - s12 * t1) / sdet
     dx, dy = bx - beta_x, by - beta_y
-    return (i11 * dx + i12 * dy, i12 * dx + i22 * dy), (beta_x, beta_y)
+    return (i11 * dx + i12 * dy, i21 * dx + i22 * dy), (beta_x, beta_y)
 
 
 class PositionsTerm(AbstractLeastSquaresTerm):
@@ -77,8 +80,8 @@ class PositionsTerm(AbstractLeastSquaresTerm):
     ) -> Float[Array, " n"]:
         mass = model.mass if isinstance(model, LensSystem | MultiBandLensSystem) else model
         bx, by = mass.ray_shoot(self.x, self.y)
-        fxx, fxy, _, fyy = mass.hessian(self.x, self.y)
-        (rx, ry), (beta_x, beta_y) = source_plane_offsets(bx, by, fxx, fxy, fyy)
+        fxx, fxy, fyx, fyy = mass.hessian(self.x, self.y)
+        (rx, ry), (beta_x, beta_y) = source_plane_offsets(bx, by, fxx, fxy, fyx, fyy)
         if self.plane != "source":
             tx, ty, ok = solve_lens_equation(mass, self.x, self.y, beta_x, beta_y)
             # an image the Newton solve cannot reach gives an infinite residual (a step
