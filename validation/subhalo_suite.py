@@ -35,6 +35,7 @@ half-way resumes from its cells' file (`equilens subhalo`'s checkpoint).
 
     python validation/subhalo_suite.py --output subhalo_out [--lenses 0,1,2]
         [--which both|injected|null] [--workers 2] [--make-only]
+        [--regularization constant|adaptive]
 
 Needs lenstronomy and scikit-image (the `crosscheck` extra) and, for `--workers`, the
 `cluster` extra.
@@ -219,9 +220,17 @@ def write(lens: dict, sim: dict, folder: str) -> dict[str, dict[str, str]]:
     return paths
 
 
-def scan_one(lens: dict, paths: dict[str, str], folder: str, which: str, workers: int) -> dict:
+def scan_one(
+    lens: dict,
+    paths: dict[str, str],
+    folder: str,
+    which: str,
+    workers: int,
+    regularization: str = "constant",
+) -> dict:
     """Scans one image with `equilens subhalo` in a process of its own (as a user runs
-    it); the row of the table."""
+    it), the pixelized source's `regularization` (`--regularization`); the row of the
+    table."""
     out = os.path.join(folder, f"lens{lens['index']:02d}_{which}.json")
     argv = [
         "subhalo",
@@ -244,6 +253,8 @@ def scan_one(lens: dict, paths: dict[str, str], folder: str, which: str, workers
         "epl+shear",
         "--lens-light",
         "none",
+        "--regularization",
+        regularization,
         "--workers",
         str(workers),
         "--json",
@@ -331,6 +342,12 @@ def main() -> int:
     parser.add_argument("--which", default="both", choices=["both", "injected", "null"])
     parser.add_argument("--workers", type=int, default=1, help="equilens subhalo --workers")
     parser.add_argument("--make-only", action="store_true", help="write the data, scan nothing")
+    parser.add_argument(
+        "--regularization",
+        default="constant",
+        choices=["constant", "adaptive"],
+        help="the pixelized source's (equilens subhalo --regularization); one output folder each",
+    )
     args = parser.parse_args()
     os.makedirs(args.output, exist_ok=True)
     picked = (
@@ -359,7 +376,9 @@ def main() -> int:
         for which in kinds:
             if (i, which) in done:
                 continue
-            row = scan_one(lens, paths[which], args.output, which, args.workers)
+            row = scan_one(
+                lens, paths[which], args.output, which, args.workers, args.regularization
+            )
             rows.append(row)
             with open(record, "w") as f:  # after every scan: an interrupted run keeps it
                 json.dump(rows, f, indent=2)
