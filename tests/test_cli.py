@@ -909,6 +909,7 @@ def _subhalo_args(paths, *extra):
         (("--workers", "0"), "--workers must be between 1 and"),
         (("--refine", "1"), "--refine must be 0 (none) or between 2 and"),
         (("--start-grid", "-1"), "--start-grid must be between 0 and"),
+        (("--smooth-starts", "-2"), "--smooth-starts must be between 0 and"),
         (("--scheduler", "tcp://127.0.0.1:9", "--workers", "2"), "exclude each other"),
     ],
 )

@@ -532,3 +532,72 @@ def test_dask_tasks_of_two_scans_with_one_set_up_have_keys_of_their_own(monkeypa
         done = dict(_cells._on_dask(Client(), setup, centres, uv, [0, 1, 2]))
         assert sorted(done) == [0, 1, 2] and [done[i] for i in range(3)] == keys[-3:]
     assert len(set(keys)) == 6
+
+
+@pytest.mark.precision_independent
+def test_the_smooth_model_is_fitted_again_from_the_best_subhalo_fits_and_the_best_kept(
+    monkeypatch,
+):
+    """After the cells, the smooth model is refitted from the subhalo fits of the
+    `smooth_starts` best cells (one fit a cell, the refined cell's the best of its own and
+    its sub-cells', failed ones skipped), and the scan is rebased on the best refit when it
+    beats the first smooth fit."""
+    from equilens.solve._laplace import LaplaceEvidence
+    from equilens.subhalo import _smooth
+    from equilens.subhalo._scan import SubhaloScan
+
+    def scan(log_e, fits, smooth_log_e, refinement=None):
+        log_e = np.asarray(log_e, np.float64)
+        return SubhaloScan(
+            centres=np.zeros((len(fits), 2)),
+            half=0.3,
+            log_evidence=log_e,
+            delta_log_evidence=log_e - smooth_log_e,
+            smooth_log_evidence=smooth_log_e,
+            status=("successful",) * len(fits),
+            fits=tuple(fits),
+            best_index=int(np.nanargmax(log_e)),
+            best={"delta_log_evidence": float(np.nanmax(log_e)) - smooth_log_e},
+            delta_log_evidence_grid=0.0,
+            smooth="first smooth",
+            cosmology=LC,
+            wall_time=0.0,
+            resumed=0,
+            refinement=refinement,
+        )
+
+    # one start a cell, the refined cell (2, the best) the best of its fit and sub-cells'
+    sub = scan([130.0, 141.0], ["sub a", "sub b"], 10.0)
+    coarse = scan([120.0, np.nan, 135.0, 128.0], ["c0", None, "c2", "c3"], 10.0, sub)
+    assert _smooth._best_fits(coarse, 2) == ["sub b", "c3"]
+    assert _smooth._best_fits(coarse, 9) == ["sub b", "c3", "c0"]
+    assert _smooth._best_fits(coarse, 0) == []
+    worse = scan([130.0, 131.0], ["sub a", "sub b"], 10.0)
+    assert _smooth._best_fits(scan([120.0, 135.0], ["c0", "c1"], 10.0, worse), 1) == ["c1"]
+    # each start's refit: the second start reaches the best smooth mode, the third fails
+    gains = {"sub b": 125.0, "c3": 131.0, "c0": None}
+    seen = []
+
+    def again(objective, start, *fit):
+        seen.append(start)
+        g = gains[start]
+        if g is None:
+            return None
+        return LaplaceEvidence(10.0 + g, start, np.zeros((0, 0)), (), 0, 0, 0, 0.0)
+
+    monkeypatch.setattr(_smooth, "_smooth_again", again)
+    lines = []
+    objective, _ = _lens(False)
+    out = _smooth.smooth_refits(coarse, 3, lines.append, objective)
+    assert seen == ["sub b", "c3", "c0"]
+    assert out.smooth_gain == 131.0 and out.smooth == "c3" and out.smooth_log_evidence == 141.0
+    np.testing.assert_allclose(out.delta_log_evidence, [-21.0, np.nan, -6.0, -13.0])
+    assert out.refinement is not None and out.refinement.smooth_gain == 131.0
+    np.testing.assert_allclose(out.refinement.delta_log_evidence, [-11.0, 0.0])
+    assert out.best["delta_log_evidence"] == pytest.approx(135.0 - 141.0)
+    assert "failed" in lines[2] and lines[-1].endswith("+131.00")
+    # refits below the first smooth fit leave the scan as it was; none asked for, none run
+    gains.update({"sub b": -1.0, "c3": -3.0})
+    assert _smooth.smooth_refits(coarse, 3, lines.append, objective) is coarse
+    seen.clear()
+    assert _smooth.smooth_refits(coarse, 0, lines.append, objective) is coarse and seen == []

@@ -236,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
         help="N: the best cell then tiled by N x N sub-cells, each fitted (default 3; 0: none)",
     )
     shp.add_argument(
+        "--smooth-starts",
+        type=int,
+        default=3,
+        help="N: after the cells, the smooth model fitted again from the N best subhalo fits "
+        "(their subhalos removed), the best kept as the model compared against (default 3)",
+    )
+    shp.add_argument(
         "--start-grid",
         type=int,
         default=0,
@@ -417,6 +424,10 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
         raise ValueError(
             f"--refine must be 0 (none) or between 2 and {MAX_GRID}, got {args.refine}"
         )
+    if not 0 <= args.smooth_starts <= MAX_GRID**2:
+        raise ValueError(
+            f"--smooth-starts must be between 0 and {MAX_GRID**2}, got {args.smooth_starts}"
+        )
     if not 0 <= args.start_grid <= MAX_GRID:
         raise ValueError(f"--start-grid must be between 0 and {MAX_GRID}, got {args.start_grid}")
     args.positions = args.positions_sigma = None
@@ -446,6 +457,7 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
             kind=args.kind,
             grid=args.grid,
             refine=args.refine,
+            smooth_starts=args.smooth_starts,
             start_grid=args.start_grid,
             solver=args.solver,
             max_steps=args.max_steps,

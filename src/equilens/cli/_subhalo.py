@@ -74,6 +74,7 @@ def run_subhalo(
     kind: str = "tnfw",
     grid: int = 5,
     refine: int = 3,
+    smooth_starts: int = 3,
     start_grid: int = 0,
     solver: str = "lm",
     max_steps: int | None = None,
@@ -89,7 +90,8 @@ def run_subhalo(
     """Fits the smooth model to `imaging` as `equilens fit` does (the parametric fit, then for
     `source="pixelized"` the evidence chain), then scans a `grid` x `grid` grid of cells over
     the mask for a subhalo of profile `kind`, the best cell refined by `refine` x `refine`
-    sub-cells, each cell's fit started from its `start_grid` (`equilens.subhalo_scan`, each
+    sub-cells, the smooth model fitted again from the `smooth_starts` best subhalo fits,
+    each cell's fit started from its `start_grid` (`equilens.subhalo_scan`, each
     finished cell appended to `OUT_cells.jsonl` beside the JSON: a rerun resumes from it).
     Writes the JSON (the best subhalo, every cell's log-evidence, the smooth model's) and the
     figure (`.png`). With a Dask `client`, the cells run on its workers. `nested`: the best
@@ -156,6 +158,7 @@ def run_subhalo(
         cosmology,
         grid=grid,
         refine=refine,
+        smooth_starts=smooth_starts,
         start_grid=start_grid,
         kind=kind,  # pyright: ignore[reportArgumentType]
         solver=None if solver == "lm" and pixelized else solver,

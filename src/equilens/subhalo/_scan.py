@@ -50,6 +50,7 @@ from ._cells import (
 from ._grid import scan_cells, tile
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
 from ._seed import START_MASSES, best_starts, start_candidates
+from ._smooth import _as_sum, smooth_refits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +80,10 @@ class SubhaloScan:
       `sub_cell`, `cell` the refined cell, `cell_delta_log_evidence` that cell's refined
       value) and `best_index` still the coarse cell.
     - `smooth_gain`: how much the smooth model's log-evidence rose when it was fitted
-      again from the best subhalo model's fit with the subhalo removed (0 when it did not:
-      the first smooth fit was at the better mode); `smooth_log_evidence`, `smooth` and
-      every `delta_log_evidence` are against the better of the two.
+      again from the best subhalo models' fits with their subhalos removed
+      (`subhalo_scan(smooth_starts=...)`; 0 when it did not: the first smooth fit was at
+      the best mode); `smooth_log_evidence`, `smooth` and every `delta_log_evidence` are
+      against the best of them.
     - `held`: the parameters held at the smooth model's values in both models (a
       pixelized source's hyperparameters, by default: `subhalo_scan`'s `free`).
     """
@@ -188,14 +190,6 @@ def with_subhalo(model: LensSystem, subhalo: Subhalo) -> LensSystem:
     return eqx.tree_at(lambda s: s.mass, model, MassSum((*comps, subhalo)))
 
 
-def _as_sum(model: Any) -> LensSystem:
-    """`model` with its mass a `MassSum` (the same lens): the smooth and subhalo models then
-    share the paths of their common parameters."""
-    if isinstance(model.mass, MassSum):
-        return model
-    return eqx.tree_at(lambda s: s.mass, model, MassSum((model.mass,)))
-
-
 def scan_free(
     objective: Objective,
     smooth: LensSystem,
@@ -264,6 +258,7 @@ def subhalo_scan(
     max_steps: int = 500,
     smoothed: bool | None = None,
     refit_smooth: bool = True,
+    smooth_starts: int = 3,
     refine: int = 3,
     checkpoint: str | os.PathLike | None = None,
     client: Any = None,
@@ -317,6 +312,15 @@ def subhalo_scan(
       `free`, `bounds` and `max_steps`, as the cells are fitted (default True: `smooth`
       may come from a fit with other terms, a positions guard, or another stopping
       point, which would shift every cell's `Delta log E` alike); the cells start from it.
+    - `smooth_starts`: after the cells, the smooth model is fitted again from the fits of
+      the `smooth_starts` cells of the highest log-evidence (one fit a cell, the refined
+      cell's the best of its own and its sub-cells'), each with its subhalo removed, and
+      the best of these and the first smooth fit is the one compared against
+      (`SubhaloScan.smooth_gain`): a cell's fit, the macro model refitted beside a
+      subhalo, can reach a better mode of the smooth model's own parameters than the
+      smooth fit did, and the subhalo model is already the best of many fits (one a
+      cell), so the smooth one gets several starts too. 0 for none (every `Delta log E`
+      then against the first smooth fit).
     - `refine`: the best cell is then tiled by `refine` x `refine` sub-cells (half-width
       `half / refine`), each fitted as a cell from the best cell's fit (the sub-cell
       holding its subhalo from its position): a cell's fit can stop in a local minimum
@@ -356,6 +360,8 @@ def subhalo_scan(
     candidates = (
         start_candidates(start_grid, start_masses, (lo, hi)) if start_grid else np.zeros((0, 3))
     )
+    if isinstance(smooth_starts, bool) or not isinstance(smooth_starts, int) or smooth_starts < 0:
+        raise ValueError(f"smooth_starts must be an integer >= 0, got {smooth_starts!r}")
     if isinstance(refine, bool) or not isinstance(refine, int) or refine < 0 or refine == 1:
         raise ValueError(
             f"refine must be 0 (none) or an integer >= 2 sub-cells a side, got {refine!r}"
@@ -511,67 +517,10 @@ def subhalo_scan(
             "cell_delta_log_evidence": _finite_or_none(refined.delta_log_evidence_grid),
         }
         scan = dataclasses.replace(scan, refinement=refined, best=best_dict)
-    if scan.best_fit is not None:
-        # the smooth model fitted again from the best subhalo model's fit with its subhalo
-        # removed: a cell fit (the macro model refitted) can reach a better basin of the
-        # smooth model's own parameters than its fit did, and the comparison is of each
-        # model at its best mode
-        again = _smooth_again(objective, scan.best_fit, solver, free, bounds, max_steps, evidence)
-        if again is not None and again.log_evidence > smooth_ev.log_evidence:
-            gain = again.log_evidence - smooth_ev.log_evidence
-            say(f"smooth model refitted from the best cell's fit: log evidence +{gain:.2f}")
-            scan = _rebased(scan, again)
+    scan = smooth_refits(
+        scan, smooth_starts, say, objective, solver, free, bounds, max_steps, evidence
+    )
     return dataclasses.replace(scan, held=held, wall_time=time.perf_counter() - t0)
-
-
-def _smooth_again(
-    objective: Objective,
-    model: LensSystem,
-    solver: str,
-    free: Any,
-    bounds: Mapping[Where, Bounds] | None,
-    max_steps: int,
-    evidence: Callable[..., LaplaceEvidence],
-) -> LaplaceEvidence | None:
-    """The smooth model's evidence from a fit started at `model` (a cell's fit) without its
-    subhalo; None when that fit or its evidence fails."""
-    comps = model.mass.components[:-1]  # pyright: ignore[reportAttributeAccessIssue]
-    start = eqx.tree_at(lambda s: s.mass, model, MassSum(tuple(comps)))
-    r = _fit(objective, start, solver, free, bounds, max_steps)
-    if not math.isfinite(float(r.value)):
-        return None
-    try:
-        ev = evidence(objective, _as_sum(r.model), free=free, bounds=bounds)
-    except ValueError:
-        return None
-    return ev if math.isfinite(ev.log_evidence) else None
-
-
-def _rebased(scan: SubhaloScan, smooth_ev: LaplaceEvidence) -> SubhaloScan:
-    """`scan` (and its refinement) against the smooth model of `smooth_ev` (a higher
-    evidence than the one it was computed against), `smooth_gain` recording the rise."""
-    gain = smooth_ev.log_evidence - scan.smooth_log_evidence
-
-    def less(v: Any) -> Any:
-        return None if v is None else v - gain
-
-    def one(sc: SubhaloScan) -> SubhaloScan:
-        best = dict(sc.best)
-        for key in ("delta_log_evidence", "cell_delta_log_evidence"):
-            if key in best:
-                best[key] = less(best[key])
-        return dataclasses.replace(
-            sc,
-            delta_log_evidence=sc.log_evidence - smooth_ev.log_evidence,
-            delta_log_evidence_grid=sc.delta_log_evidence_grid - gain,
-            smooth_log_evidence=smooth_ev.log_evidence,
-            smooth=smooth_ev.model,
-            best=best,
-            smooth_gain=sc.smooth_gain + gain,
-        )
-
-    sub = None if scan.refinement is None else one(scan.refinement)
-    return dataclasses.replace(one(scan), refinement=sub)
 
 
 def _summary(
