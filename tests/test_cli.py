@@ -921,8 +921,54 @@ def test_subhalo_bad_input_is_one_line_and_nonzero(fits_files, tmp_path, capsys,
     assert message in err, err
 
 
+def test_the_kept_smooth_model_is_read_back_only_for_its_own_data_and_settings(tmp_path):
+    from equilens.cli._kept import fingerprint, read_smooth, write_smooth
+
+    grid = el.Grid((30, 30), pixel_scale=0.1)
+    psf = el.GaussianPSF(fwhm=0.2, pixel_scale=0.1)
+
+    def imaging(data):
+        return el.Imaging(data, np.ones(grid.shape), psf, 0.1, mask=grid.circular_mask(1.2))
+
+    data = np.random.default_rng(0).normal(size=grid.shape)
+    settings = {"mass": "sie+shear", "regularization": "adaptive", "strength": None}
+    key = fingerprint(imaging(data), settings)
+    # rebuilt from the same numbers: the same key; a pixel, a setting, the mask: another
+    assert fingerprint(imaging(data.copy()), dict(settings)) == key
+    other = data.copy()
+    other[15, 15] += 1e-9
+    assert fingerprint(imaging(other), settings) != key
+    assert fingerprint(imaging(data), {**settings, "strength": 1.0}) != key
+    wider = el.Imaging(data, np.ones(grid.shape), psf, 0.1, mask=grid.circular_mask(1.3))
+    assert fingerprint(wider, settings) != key
+
+    path = str(tmp_path / "scan_smooth.pkl")
+    assert read_smooth(path, key) == (None, "no kept smooth model")
+    source = light.Sersic(amp=2.0, R_sersic=0.2, n_sersic=1.0)
+    model = el.LensSystem(mass=mass.SIE(theta_E=1.1), source=source)
+    adapt = np.arange(6.0)
+    write_smooth(path, key, model, adapt)
+    kept, why = read_smooth(path, key)
+    assert kept is not None and why == f"read from {path}"
+    back, back_adapt = kept
+    assert jax.tree.structure(back) == jax.tree.structure(model)
+    pairs = zip(jax.tree.leaves(back), jax.tree.leaves(model), strict=True)
+    assert all(np.array_equal(a, b) for a, b in pairs)
+    np.testing.assert_array_equal(back_adapt, adapt)
+    assert read_smooth(path, "another key") == (
+        None,
+        f"{path} is of other data or settings: fitting it again",
+    )
+    with open(path, "r+b") as f:  # damaged: fitted again, never an error
+        f.truncate(20)
+    kept, why = read_smooth(path, key)
+    assert kept is None and "could not be read" in why
+
+
 @slow_ci
-def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(fits_files, tmp_path):
+def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(
+    fits_files, tmp_path, capsys
+):
     pytest.importorskip("distributed")
     out = tmp_path / "scan.json"
     argv = _subhalo_args(
@@ -963,6 +1009,19 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(fits_
     assert result["z_lens"] == 0.3 and "x grows with the column index" in result["convention"]
     assert result["held"] == []  # (a parametric source: nothing held)
     assert (tmp_path / "scan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 1 + 4 + 4
+
+    # run again: the smooth model is read back from scan_smooth.pkl (not fitted again) and
+    # every cell and sub-cell resumed from the cells' file: the same scan
+    capsys.readouterr()
+    assert main([*argv, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"smooth model: read from {tmp_path / 'scan_smooth.pkl'}" in printed
+    assert "stage 2" not in printed  # (no parametric fit)
+    again = json.loads(out.read_text())
+    assert again["smooth_log_evidence"] == result["smooth_log_evidence"]
+    assert [c["log_evidence"] for c in again["cells"]] == [c["log_evidence"] for c in cells]
+    assert again["best"] == best
     assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 1 + 4 + 4
 
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from ._kept import fingerprint, read_smooth, write_smooth
 from ._parametric import parametric_fit
 from ._partial import Partial
 from ._source import _pixelized_stage, default_mesh, make_mesh, make_regularization
@@ -92,7 +93,9 @@ def run_subhalo(
     the mask for a subhalo of profile `kind`, the best cell refined by `refine` x `refine`
     sub-cells, the smooth model fitted again from the `smooth_starts` best subhalo fits,
     each cell's fit started from its `start_grid` (`equilens.subhalo_scan`, each
-    finished cell appended to `OUT_cells.jsonl` beside the JSON: a rerun resumes from it).
+    finished cell appended to `OUT_cells.jsonl` beside the JSON, the smooth fit kept in
+    `OUT_smooth.pkl` with a fingerprint of its inputs: a rerun of the same data and settings
+    reads the smooth model back, `equilens.cli._kept`, and resumes from the cells' file).
     Writes the JSON (the best subhalo, every cell's log-evidence, the smooth model's) and the
     figure (`.png`). With a Dask `client`, the cells run on its workers. `nested`: the best
     cell's evidence difference by nested sampling too (`subhalo_evidence`, under `"nested"`
@@ -100,7 +103,7 @@ def run_subhalo(
     smooth fit, or how many cells)."""
     from ..cosmology import LensCosmology
     from ..objective import Objective
-    from ..solve import fit_lens, result_to_dict
+    from ..solve import result_to_dict
     from ..subhalo import plot_subhalo_scan, subhalo_evidence, subhalo_scan
     from ..terms import GaussianLikelihood, LogEvidence
 
@@ -121,36 +124,55 @@ def run_subhalo(
         f"{imaging.shape[1]} pixels, {mass} mass, {lens_light or 'no'} lens light, "
         f"{source} source; z_lens {z_lens}, z_source {z_source}"
     )
-    smooth = parametric_fit(
-        fit_lens,
-        imaging,
-        mass,
-        lens_light,
-        source,
-        pixelized=pixelized,
-        solver=solver,
-        max_steps=max_steps,
-        positions=None,
-        positions_sigma=None,
-        progress=progress,
-        partial=partial,
-    )
-    if pixelized:
-        smooth, inversion, _, _ = _pixelized_stage(
-            imaging, smooth, pix_mesh, pix_reg, strength, solver, max_steps, None, progress
-        )
-        # the evidence the chain's last stage maximised: with the brightness estimate its
-        # regularization was fitted to (an AdaptiveBrightness's adapt image), which the
-        # scan holds with the regularization's parameters
-        objective = Objective(LogEvidence(imaging, adapt_image=inversion.adapt_image))
-    else:
-        objective = Objective(GaussianLikelihood(imaging))
-    if partial is not None:
-        partial.keep("smooth model", smooth)
     folder = os.path.dirname(os.path.abspath(json_path))
     os.makedirs(folder, exist_ok=True)
     base = os.path.splitext(json_path)[0]
     cells = base + "_cells.jsonl"
+    kept_path = base + "_smooth.pkl"
+    key = fingerprint(
+        imaging,
+        {
+            "mass": mass,
+            "lens_light": lens_light,
+            "source": source,
+            "solver": solver,
+            "max_steps": max_steps,
+            "mesh": (mesh or default_mesh(imaging)) if pixelized else None,
+            "regularization": regularization,
+            "strength": strength,
+        },
+    )
+    kept, why = read_smooth(kept_path, key)
+    if kept is not None:
+        # the smooth model of the run that wrote the cells' file (equilens.cli._kept)
+        smooth, adapt_image = kept
+        print(f"  smooth model: {why} (delete it to fit the smooth model again)")
+    else:
+        if os.path.exists(kept_path):
+            print(f"  smooth model: {why}")
+        smooth, adapt_image = _smooth_fit(
+            imaging,
+            mass,
+            lens_light,
+            solver,
+            max_steps,
+            pix_mesh,
+            pix_reg,
+            strength,
+            progress,
+            partial,
+            source=source,
+        )
+        write_smooth(kept_path, key, smooth, adapt_image)
+    if pixelized:
+        # the evidence the chain's last stage maximised: with the brightness estimate its
+        # regularization was fitted to (an AdaptiveBrightness's adapt image), which the
+        # scan holds with the regularization's parameters
+        objective = Objective(LogEvidence(imaging, adapt_image=adapt_image))
+    else:
+        objective = Objective(GaussianLikelihood(imaging))
+    if partial is not None:
+        partial.keep("smooth model", smooth)
     print(f"  smooth model: {smooth.message()}; cells written to {cells} as they finish")
     scan = subhalo_scan(
         objective,
@@ -187,6 +209,7 @@ def run_subhalo(
     out["source"] = source
     out["smooth_fit"] = result_to_dict(smooth)
     out["cells_file"] = cells
+    out["smooth_file"] = kept_path
     _write(json_path, out)
     b = scan.best
     if scan.refinement is not None:
@@ -210,7 +233,49 @@ def run_subhalo(
         status = f"{scan.failed} of {len(scan.status)} cells failed"
     elif scan.refinement is not None and scan.refinement.failed:
         status = f"{scan.refinement.failed} of {len(scan.refinement.status)} sub-cells failed"
-    return {"json": json_path, "png": png, "cells": cells, "status": status}
+    return {"json": json_path, "png": png, "cells": cells, "smooth": kept_path, "status": status}
+
+
+def _smooth_fit(
+    imaging: Any,
+    mass: str,
+    lens_light: str | None,
+    solver: str,
+    max_steps: int | None,
+    pix_mesh: Any,
+    pix_reg: Any,
+    strength: float | None,
+    progress: bool,
+    partial: Partial | None,
+    *,
+    source: str,
+) -> tuple[Any, Any]:
+    """The smooth model as `equilens fit` fits it (the parametric fit, then for a pixelized
+    source the evidence chain): its `FitResult` and the chain's brightness estimate (the
+    adapt image of its last stage; None for a parametric source)."""
+    from ..solve import fit_lens
+
+    pixelized = pix_mesh is not None
+    smooth = parametric_fit(
+        fit_lens,
+        imaging,
+        mass,
+        lens_light,
+        source,
+        pixelized=pixelized,
+        solver=solver,
+        max_steps=max_steps,
+        positions=None,
+        positions_sigma=None,
+        progress=progress,
+        partial=partial,
+    )
+    if not pixelized:
+        return smooth, None
+    smooth, inversion, _, _ = _pixelized_stage(
+        imaging, smooth, pix_mesh, pix_reg, strength, solver, max_steps, None, progress
+    )
+    return smooth, inversion.adapt_image
 
 
 def _write(path: str, out: dict[str, Any]) -> None:
