@@ -225,10 +225,14 @@ def test_scan_finds_an_injected_subhalo_refines_its_cell_and_resumes_from_its_ch
     assert out["cells"][0]["delta_log_evidence"] == pytest.approx(coarse)
     assert out["refinement"]["cell"] == 0 and len(out["refinement"]["sub_cells"]) == 4
     lines = path.read_text().splitlines()
-    assert len(lines) == 7  # the header, two cells and four sub-cells
+    # the header, two cells, four sub-cells and the smooth model's refits from the two
+    # cells' best fits (smooth_starts=3: all there are)
+    assert len(lines) == 9 and sum('"refit"' in line for line in lines) == 2
     again = subhalo_scan(objective, smooth, LC, refine=2, **kw)
     assert again.resumed == 2 and again.refinement is not None
     assert again.refinement.resumed == 4
+    assert len(path.read_text().splitlines()) == 9  # (the refits resumed too)
+    assert again.smooth_log_evidence == scan.smooth_log_evidence
     np.testing.assert_array_equal(again.log_evidence, scan.log_evidence)
     np.testing.assert_array_equal(again.refinement.log_evidence, sub.log_evidence)
     assert again.best["center_x"] == pytest.approx(scan.best["center_x"], rel=1e-12)
@@ -236,7 +240,10 @@ def test_scan_finds_an_injected_subhalo_refines_its_cell_and_resumes_from_its_ch
     finer = subhalo_scan(objective, smooth, LC, refine=3, **kw)
     assert finer.resumed == 2 and finer.refinement is not None
     assert finer.refinement.resumed == 0 and finer.refinement.failed == 0
-    assert len(path.read_text().splitlines()) == 7 + 9
+    lines = path.read_text().splitlines()
+    assert sum('"sub"' in line for line in lines) == 4 + 9
+    # (a refit from one of the new sub-cells' fits, if one is the refined cell's best)
+    assert sum('"refit"' in line for line in lines) in (2, 3)
     with pytest.raises(ValueError, match="another start_grid"):
         subhalo_scan(objective, smooth, LC, refine=3, start_grid=2, **kw)
     # a checkpoint written before the start grid existed (its header without it: every
@@ -411,6 +418,9 @@ def test_scan_on_a_dask_cluster_of_two_workers_equals_the_scan_in_one_process():
         there.refinement.log_evidence, here.refinement.log_evidence, rtol=1e-9, atol=1e-6
     )
     assert there.best["sub_cell"] == here.best["sub_cell"]
+    # the smooth model's refits from the best cells' fits, side by side on the workers
+    assert there.smooth_gain == pytest.approx(here.smooth_gain, rel=1e-9, abs=1e-6)
+    assert there.smooth_log_evidence == pytest.approx(here.smooth_log_evidence, rel=1e-12)
 
 
 @slow_ci  # (the start grid is off by default; 10 s a precision)
@@ -532,6 +542,72 @@ def test_dask_tasks_of_two_scans_with_one_set_up_have_keys_of_their_own(monkeypa
         done = dict(_cells._on_dask(Client(), setup, centres, uv, [0, 1, 2]))
         assert sorted(done) == [0, 1, 2] and [done[i] for i in range(3)] == keys[-3:]
     assert len(set(keys)) == 6
+
+
+@pytest.mark.precision_independent
+def test_the_smooth_models_refits_are_written_to_the_checkpoint_and_resumed(monkeypatch, tmp_path):
+    """Each refit of the smooth model is appended to the checkpoint as it finishes (its
+    start's tag, log-evidence and free parameters); a scan resumed with the file's records
+    runs none again and rebases on the same smooth model; a record of another start (a
+    refinement with other sub-cells) is not taken for this one's."""
+    from equilens.solve._laplace import LaplaceEvidence
+    from equilens.subhalo import _smooth
+    from equilens.subhalo._scan import SubhaloScan
+
+    objective, start = _lens(False)
+    smooth = _smooth._as_sum(start)
+    fits = [
+        eqx.tree_at(lambda s: s.mass.components[0].theta_E, smooth, jnp.asarray(t))
+        for t in (1.01, 1.02, 1.03)
+    ]
+    log_e = np.asarray([120.0, 135.0, 128.0])
+    scan = SubhaloScan(
+        centres=np.zeros((3, 2)),
+        half=0.3,
+        log_evidence=log_e,
+        delta_log_evidence=log_e - 10.0,
+        smooth_log_evidence=10.0,
+        status=("successful",) * 3,
+        fits=tuple(fits),
+        best_index=1,
+        best={"delta_log_evidence": 125.0},
+        delta_log_evidence_grid=0.0,
+        smooth=smooth,
+        cosmology=LC,
+        wall_time=0.0,
+        resumed=0,
+    )
+    gains = {1.02: 125.0, 1.03: 131.0, 1.01: None}
+    seen = []
+
+    def again(objective, start, *fit):
+        t = round(float(start.mass.components[0].theta_E), 2)
+        seen.append(t)
+        if gains[t] is None:
+            return None
+        return LaplaceEvidence(10.0 + gains[t], start, np.zeros((0, 0)), (), 0, 0, 0, 0.0)
+
+    monkeypatch.setattr(_smooth, "_smooth_again", again)
+    path = tmp_path / "cells.jsonl"
+    fit = ("bfgs", None, None, 10, None)  # (solver, free, bounds, max_steps, evidence)
+    out = _smooth.smooth_refits(scan, 3, print, objective, *fit, checkpoint=path)
+    assert seen == [1.02, 1.03, 1.01] and out.smooth_gain == 131.0
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["refit"] for r in records] == ["cell 1", "cell 2", "cell 0"]
+    assert records[2]["log_evidence"] is None and records[2]["values"] is None
+    seen.clear()
+    lines = []
+    back = _smooth.smooth_refits(
+        scan, 3, lines.append, objective, *fit, checkpoint=path, records=records
+    )
+    assert seen == [] and back.smooth_gain == 131.0 and back.smooth_log_evidence == 141.0
+    assert float(back.smooth.mass.components[0].theta_E) == 1.03
+    assert all(line.endswith("(resumed)") for line in lines[:3]) and "failed" in lines[2]
+    assert len(path.read_text().splitlines()) == 3  # nothing written again
+    # a record under another start's tag is not this start's
+    other = [{**r, "refit": r["refit"].replace("cell", "sub-cell 0 of 4 of cell")} for r in records]
+    _smooth.smooth_refits(scan, 3, print, objective, *fit, records=other)
+    assert seen == [1.02, 1.03, 1.01]
 
 
 @pytest.mark.precision_independent

@@ -320,7 +320,9 @@ def subhalo_scan(
       subhalo, can reach a better mode of the smooth model's own parameters than the
       smooth fit did, and the subhalo model is already the best of many fits (one a
       cell), so the smooth one gets several starts too. 0 for none (every `Delta log E`
-      then against the first smooth fit).
+      then against the first smooth fit). With a `client` the refits run side by side on
+      its workers; each is written to `checkpoint` as it finishes, and a resumed scan
+      does not run it again.
     - `refine`: the best cell is then tiled by `refine` x `refine` sub-cells (half-width
       `half / refine`), each fitted as a cell from the best cell's fit (the sub-cell
       holding its subhalo from its position): a cell's fit can stop in a local minimum
@@ -518,7 +520,18 @@ def subhalo_scan(
         }
         scan = dataclasses.replace(scan, refinement=refined, best=best_dict)
     scan = smooth_refits(
-        scan, smooth_starts, say, objective, solver, free, bounds, max_steps, evidence
+        scan,
+        smooth_starts,
+        say,
+        objective,
+        solver,
+        free,
+        bounds,
+        max_steps,
+        evidence,
+        client=client,
+        checkpoint=checkpoint,
+        records=records,
     )
     return dataclasses.replace(scan, held=held, wall_time=time.perf_counter() - t0)
 
