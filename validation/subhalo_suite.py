@@ -289,6 +289,10 @@ def scan_one(
         "best_coarse_cell": max((d for d in coarse if d is not None), default=None),
         # the refined cell's Delta log E (the mean of its sub-cells' evidences)
         "refined_cell": best.get("cell_delta_log_evidence"),
+        # "a subhalo anywhere on the grid" (every cell equally likely) against the smooth
+        # model: the look-elsewhere-free comparison, beside the issue's best-cell statistic
+        "any_cell": result.get("delta_log_evidence_grid"),
+        "smooth_gain": result.get("smooth_gain"),
     }
     return row
 
