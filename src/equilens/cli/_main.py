@@ -223,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         "by the Bayesian evidence (Laplace approximation; a pixelized source marginalised). "
         "Writes OUT.json (the best subhalo: centre in arcsec, x along the image's columns, "
         "y along its rows; mass within 1 kpc in Msun; Delta log-evidence; every cell's), "
-        "OUT.png and OUT_cells.jsonl (each cell as it finishes: a rerun resumes from it).",
+        "OUT.png, OUT_cells.jsonl (each cell as it finishes) and OUT_smooth.pkl (the "
+        "smooth fit, with a fingerprint of the data and settings): a rerun of the same data "
+        "and settings reads the smooth model back and resumes from the cells' file.",
     )
     _data_options(shp, "scan")
     shp.add_argument("--z-lens", type=float, required=True, help="lens redshift")
