@@ -4,9 +4,10 @@ Evaluates the scan's objective (`LogEvidence`, the source's hyperparameters held
 `subhalo_scan` holds them) along a line through the smooth model for each free parameter,
 `--points` values over +-`--width` times a step per parameter (0.01 in its units: arcsec
 for the Einstein radius and centres, dimensionless for ellipticities, shears and the
-slope), and reports, per parameter, what a smooth function would not have: the RMS and
-largest residual about a quartic fitted to the line, and the number of local maxima
-along it. A function smooth on the line's scale has residuals near round-off and one
+slope), and reports, per parameter, the mean drop at the line's two ends ("ends") and
+what a smooth function would not have: the RMS and largest residual about a quartic fitted
+to the line, and the number of local maxima along it ("rise": the line's highest value
+above the model's). A function smooth on the line's scale has residuals near round-off and one
 maximum; kinks (traced pixels crossing the mesh's cells, the quantile nodes' order
 changing) show as residuals of order the evidence's local maxima spread.
 
@@ -67,7 +68,10 @@ def main() -> None:
     t = np.linspace(-1.0, 1.0, a.points)
     base = float(log_e(x0))
     print(f"smooth model: log E {base:.3f}; held {held}; {x0.shape[0]} free parameters")
-    print(f"{'parameter':>40} {'value':>10} {'rms':>8} {'max':>8} {'maxima':>6} {'rise':>8}")
+    print(
+        f"{'parameter':>40} {'value':>10} {'ends':>9} {'rms':>8} {'max':>8} {'maxima':>6} "
+        f"{'rise':>8}"
+    )
     t0 = time.perf_counter()
     for k in range(x0.shape[0]):
         step = 0.01 * a.width
@@ -79,7 +83,8 @@ def main() -> None:
         inner = v[1:-1]
         maxima = int(np.sum((inner > v[:-2]) & (inner > v[2:])))
         print(
-            f"{names[k]:>40} {float(x0[k]):>10.4f} {np.sqrt(np.mean(r**2)):>8.3f} "
+            f"{names[k]:>40} {float(x0[k]):>10.4f} {(v[0] + v[-1]) / 2:>9.2f} "
+            f"{np.sqrt(np.mean(r**2)):>8.3f} "
             f"{np.max(np.abs(r)):>8.3f} {maxima:>6d} {np.nanmax(v):>8.3f}"
         )
     print(f"{a.points} points a parameter, {time.perf_counter() - t0:.0f} s")
