@@ -593,7 +593,7 @@ def test_the_smooth_models_refits_are_written_to_the_checkpoint_and_resumed(monk
     out = _smooth.smooth_refits(scan, 3, print, objective, *fit, checkpoint=path)
     assert seen == [1.02, 1.03, 1.01] and out.smooth_gain == 131.0
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [r["refit"] for r in records] == ["cell 1", "cell 2", "cell 0"]
+    assert [r["refit"] for r in records] == ["cell 2", "cell 3", "cell 1"]
     assert records[2]["log_evidence"] is None and records[2]["values"] is None
     seen.clear()
     lines = []

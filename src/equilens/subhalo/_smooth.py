@@ -143,13 +143,14 @@ def _best_fits(scan: "SubhaloScan", n: int, tagged: bool = False) -> list[Any]:
     cell (the refined cell's the best of its own fit and its sub-cells'): starts from
     different cells, whose macro models differ more than those of one cell's sub-cells
     (fewer where fewer cells' fits succeeded). `tagged`: `(tag, fit)` pairs, the tag
-    naming the fit ("cell i", or "sub-cell j of n of cell i"; from 0) for the checkpoint."""
+    naming the fit ("cell i", or "sub-cell j of n of cell i"; counted from 1, as the scan's
+    log counts them) for the checkpoint."""
 
     def ok(le: Any, fit: Any) -> bool:
         return fit is not None and math.isfinite(float(le))
 
     entries = {
-        i: (float(le), f"cell {i}", fit)
+        i: (float(le), f"cell {i + 1}", fit)
         for i, (le, fit) in enumerate(zip(scan.log_evidence, scan.fits, strict=True))
         if ok(le, fit)
     }
@@ -158,7 +159,7 @@ def _best_fits(scan: "SubhaloScan", n: int, tagged: bool = False) -> list[Any]:
         own = [entries[scan.best_index]] if scan.best_index in entries else []
         n_sub = len(sub.fits)
         subs = [
-            (float(le), f"sub-cell {j} of {n_sub} of cell {scan.best_index}", f)
+            (float(le), f"sub-cell {j + 1} of {n_sub} of cell {scan.best_index + 1}", f)
             for j, (le, f) in enumerate(zip(sub.log_evidence, sub.fits, strict=True))
             if ok(le, f)
         ]
