@@ -1009,7 +1009,8 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(
     assert result["z_lens"] == 0.3 and "x grows with the column index" in result["convention"]
     assert result["held"] == []  # (a parametric source: nothing held)
     assert (tmp_path / "scan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 1 + 4 + 4
+    # the header, 4 cells, 4 sub-cells and the smooth model's 3 refits (--smooth-starts 3)
+    assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 1 + 4 + 4 + 3
 
     # run again: the smooth model is read back from scan_smooth.pkl (not fitted again) and
     # every cell and sub-cell resumed from the cells' file: the same scan
@@ -1022,7 +1023,7 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(
     assert again["smooth_log_evidence"] == result["smooth_log_evidence"]
     assert [c["log_evidence"] for c in again["cells"]] == [c["log_evidence"] for c in cells]
     assert again["best"] == best
-    assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 1 + 4 + 4
+    assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 1 + 4 + 4 + 3
 
 
 @slow_ci
