@@ -875,6 +875,15 @@ def test_default_mesh_fits_the_mask():
     assert make_mesh(default_mesh(small), small).n_pixels == 441
     with pytest.raises(ValueError, match="too few for a pixelized source"):
         default_mesh(imaging(0.6))
+    # `equilens subhalo`'s default: the same sizes, adapted to the brightness too
+    assert default_mesh(imaging(3.0), "brightness") == "brightness:32x32"
+    assert default_mesh(small, "brightness") == "brightness:21x21"
+    bright = make_mesh("brightness:21x21", small)
+    assert isinstance(bright, el.AdaptiveRectangularMesh) and bright.uses_signal
+    assert bright.shape == (21, 21) and bright.weight_floor == 0.1
+    assert not make_mesh("adaptive", small).uses_signal
+    with pytest.raises(ValueError, match="--mesh must be one of"):
+        make_mesh("bright:20x20", small)
 
 
 def _subhalo_args(paths, *extra):

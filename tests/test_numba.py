@@ -672,6 +672,26 @@ def test_log_evidence_matches_jax_for_every_mesh_and_regularization(mesh, reg):
     _check_inversion(term, _pixelized(truth, term.imaging, mesh, reg))
 
 
+@pytest.mark.parametrize("reg", ["constant", "adaptive"])
+def test_log_evidence_matches_jax_on_a_brightness_adaptive_mesh(reg):
+    # the nodes at quantiles weighted by the adapt image (here the lensed source, as a
+    # chain's adapt round sets it), on both backends
+    from equilens import source
+
+    truth, imaging = _dataset()
+    adapt = np.asarray(el.LensSystem(mass=truth.mass, source=truth.source).image(imaging.grid))
+    term = el.LogEvidence(imaging, adapt_image=adapt)
+    system = eqx.tree_at(
+        lambda s: s.source.mesh,
+        _pixelized(truth, imaging, "adaptive", reg),
+        source.AdaptiveRectangularMesh((10, 10), weight_floor=0.1, weight_power=1.5),
+    )
+    _check_inversion(term, system)
+    # (and the nodes differ from the unweighted mesh's: the weights were used)
+    plain = enb.invert(term, _pixelized(truth, imaging, "adaptive", reg))
+    assert not np.allclose(enb.invert(term, system).geometry.nodes(), plain.geometry.nodes())
+
+
 @pytest.mark.parametrize("mesh", ["rectangular", "delaunay"])
 def test_log_evidence_matches_jax_positive_only_and_without_lens_light(mesh):
     truth, term = _pixelized_term(nonnegative=True)

@@ -52,8 +52,8 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mesh",
         help="pixelized source mesh: adaptive[:NYxNX] (default adaptive:32x32; on a mask of "
-        "under 2048 pixels, NxN with N^2 at most half its pixels), rectangular[:NYxNX], "
-        "delaunay[:N]",
+        "under 2048 pixels, NxN with N^2 at most half its pixels), brightness[:NYxNX] "
+        "(adapted to the source's brightness too), rectangular[:NYxNX], delaunay[:N]",
     )
     parser.add_argument(
         "--regularization",
@@ -266,7 +266,12 @@ def main(argv: list[str] | None = None) -> int:
         help="pixelized (default) or sersic (a parametric source leaves residuals a "
         "subhalo absorbs: false detections)",
     )
-    shp.add_argument("--mesh", help="pixelized source mesh (as `equilens fit --mesh`)")
+    shp.add_argument(
+        "--mesh",
+        help="pixelized source mesh, as `equilens fit --mesh` (default brightness:32x32, "
+        "adapted to the source's brightness: a coarse source's misfit is what a subhalo "
+        "absorbs)",
+    )
     shp.add_argument("--regularization", help="pixelized source regularization")
     shp.add_argument("--regularization-strength", type=float, default=None)
     shp.add_argument("--supersampling", type=int, default=1, help="sub-pixels per pixel side")

@@ -6,9 +6,13 @@ from typing import Any
 
 from .._files import atomic_path
 
-MESHES = ("rectangular", "adaptive", "delaunay")
+MESHES = ("rectangular", "adaptive", "brightness", "delaunay")
 REGULARIZATIONS = ("constant", "curvature", "adaptive", "matern")
-DEFAULT_MESH_SHAPE = {"rectangular": (32, 32), "adaptive": (24, 24)}
+DEFAULT_MESH_SHAPE = {"rectangular": (32, 32), "adaptive": (24, 24), "brightness": (24, 24)}
+#: The `weight_floor` of the `brightness` mesh (`AdaptiveRectangularMesh`): of 0.03, 0.1
+#: and 0.3 (power 1) and 0.1 (power 0.5), 0.1 gave the highest smooth log-evidence on
+#: issue 50's suite lens 2 (by 3-63); one lens, stated as such (docs/subhalo.md)
+BRIGHTNESS_FLOOR = 0.1
 #: The pixelized source's mesh when `--mesh` is not given: a mesh adapted to the
 #: magnification puts its pixels where the arcs resolve the source (on the realistic
 #: suite's bright arcs, log-evidence +2,300 over the 32x32 rectangular mesh at the same
@@ -19,11 +23,12 @@ DEFAULT_MESH = "adaptive:32x32"
 DEFAULT_MESH_FILL = 0.5
 
 
-def default_mesh(imaging) -> str:
-    """The `--mesh` spec used when none is given: `DEFAULT_MESH`, or on a mask of fewer than
-    2,048 pixels an adaptive NxN mesh of at most `DEFAULT_MESH_FILL` source pixels per
-    masked pixel (an evidence needs more data than source pixels). Raises `ValueError` for
-    a mask too small for a pixelized source (under 128 pixels: an 8x8 mesh)."""
+def default_mesh(imaging, kind: str = "adaptive") -> str:
+    """The `--mesh` spec used when none is given: `DEFAULT_MESH` (of `kind`, "adaptive"
+    or "brightness"), or on a mask of fewer than 2,048 pixels an NxN mesh of at most
+    `DEFAULT_MESH_FILL` source pixels per masked pixel (an evidence needs more data than
+    source pixels). Raises `ValueError` for a mask too small for a pixelized source (under
+    128 pixels: an 8x8 mesh)."""
     import math
 
     import numpy as np
@@ -35,14 +40,16 @@ def default_mesh(imaging) -> str:
             f"the mask has {n} pixels: too few for a pixelized source (at least 128, for an "
             "8x8 mesh); use a larger --mask-radius"
         )
-    return DEFAULT_MESH if side == 32 else f"adaptive:{side}x{side}"
+    return DEFAULT_MESH.replace("adaptive", kind) if side == 32 else f"{kind}:{side}x{side}"
 
 
 DEFAULT_DELAUNAY_NODES = 500
 
 
 def make_mesh(spec: str, imaging):
-    """A source mesh from a command-line spec: `rectangular[:NYxNX]`, `adaptive[:NYxNX]` or
+    """A source mesh from a command-line spec: `rectangular[:NYxNX]`, `adaptive[:NYxNX]`
+    (adapted to the magnification), `brightness[:NYxNX]` (to the magnification and the
+    source's brightness: `AdaptiveRectangularMesh(weight_floor=BRIGHTNESS_FLOOR)`) or
     `delaunay[:N]` (N nodes picked evenly over the mask)."""
     import numpy as np
 
@@ -64,7 +71,10 @@ def make_mesh(spec: str, imaging):
     if len(shape) != 2:
         raise ValueError(f"--mesh {kind} size must be NYxNX, got {size!r}")
     try:
-        return RectangularMesh(shape) if kind == "rectangular" else AdaptiveRectangularMesh(shape)
+        if kind == "rectangular":
+            return RectangularMesh(shape)
+        floor = BRIGHTNESS_FLOOR if kind == "brightness" else None
+        return AdaptiveRectangularMesh(shape, weight_floor=floor)  # pyright: ignore[reportArgumentType]
     except ValueError as err:
         raise ValueError(f"bad --mesh {spec!r}: {err}") from None
 

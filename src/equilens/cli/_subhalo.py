@@ -115,7 +115,10 @@ def run_subhalo(
         raise ValueError(f"--grid must be a positive number of cells, got {grid}")
     cosmology = LensCosmology(z_lens, z_source)  # (checks 0 < z_lens < z_source)
     pixelized = source == "pixelized"
-    pix_mesh = make_mesh(mesh or default_mesh(imaging), imaging) if pixelized else None
+    # (the source adapted to its brightness too: a misfit of a coarse source's bright clump
+    # is what a subhalo absorbs, docs/subhalo.md)
+    mesh_spec = (mesh or default_mesh(imaging, "brightness")) if pixelized else None
+    pix_mesh = make_mesh(mesh_spec, imaging) if mesh_spec is not None else None
     pix_reg = make_regularization(regularization, strength) if pixelized else None
     t0 = time.perf_counter()
     progress = sys.stderr.isatty()
@@ -137,7 +140,7 @@ def run_subhalo(
             "source": source,
             "solver": solver,
             "max_steps": max_steps,
-            "mesh": (mesh or default_mesh(imaging)) if pixelized else None,
+            "mesh": mesh_spec,
             "regularization": regularization,
             "strength": strength,
         },

@@ -142,7 +142,8 @@ def register_mesh(cls: type) -> Callable[[MeshFunction], MeshFunction]:
     """Registers the Numba-backend placement of the source mesh class `cls` (that class
     only): `fn(mesh, mass, x, y)` returns the mesh's geometry for the mass model `mass`
     and the traced positions `x`, `y` (flat float64 NumPy) of the mapped image sub-pixels,
-    as a `Rectilinear` or `Triangulation` (`equilens.numba._evidence`)."""
+    as a `Rectilinear` or `Triangulation` (`equilens.numba._evidence`); for a mesh whose
+    `uses_signal` is True, `fn(mesh, mass, x, y, signal)` with the brightness at them."""
 
     def decorate(fn: MeshFunction) -> MeshFunction:
         _MESHES[cls] = fn
@@ -176,11 +177,16 @@ def _lookup(registry: dict, obj: Any, what: str, register: str):
     return fn
 
 
-def geometry(mesh: Any, mass: Any, x: np.ndarray, y: np.ndarray) -> Geometry:
+def geometry(
+    mesh: Any, mass: Any, x: np.ndarray, y: np.ndarray, signal: np.ndarray | None = None
+) -> Geometry:
     """The geometry of the source `mesh` for the mass model `mass` and the traced
     positions `x`, `y` (flat float64) of the mapped image sub-pixels, as `mesh.geometry`
-    (NumPy: a `Rectilinear` or a `Triangulation`)."""
+    (NumPy: a `Rectilinear` or a `Triangulation`); a mesh that `uses_signal` gets the
+    brightness `signal` at those positions as a fifth argument."""
     place = _lookup(_MESHES, mesh, "source-mesh placement", "register_mesh")
+    if getattr(mesh, "uses_signal", False):
+        return place(mesh, mass, x, y, signal)  # pyright: ignore[reportCallIssue]
     return place(mesh, mass, x, y)
 
 
@@ -204,9 +210,15 @@ def _rectangular(mesh: RectangularMesh, mass: Any, x: np.ndarray, y: np.ndarray)
 
 
 @register_mesh(AdaptiveRectangularMesh)
-def _adaptive(mesh: AdaptiveRectangularMesh, mass: Any, x: np.ndarray, y: np.ndarray):
+def _adaptive(
+    mesh: AdaptiveRectangularMesh,
+    mass: Any,
+    x: np.ndarray,
+    y: np.ndarray,
+    signal: np.ndarray | None = None,
+):
     del mass
-    xs, ys = mesh.node_positions(np, x, y)
+    xs, ys = mesh.node_positions(np, x, y, signal)
     return Rectilinear(xs, ys, False)
 
 
@@ -410,7 +422,8 @@ def invert(term: LogEvidence, system: LensSystem) -> Evidence:
     mass = object.__getattribute__(system, "mass")
     alpha = mass_rows(mass, h.sub_x, h.sub_y, DEFLECTION)
     bx, by = h.sub_x - alpha[0], h.sub_y - alpha[1]
-    geo = geometry(mesh, mass, bx, by)
+    signal = np.repeat(h.adapt, h.s2) if getattr(mesh, "uses_signal", False) else None
+    geo = geometry(mesh, mass, bx, by, signal)
     idx, w = geo.interpolation(bx, by)
     k = h.s2 * idx.shape[1]
     idx = np.ascontiguousarray(idx.reshape(h.n_mapped, k))

@@ -249,6 +249,12 @@ def result_to_dict(result: FitResult, band_names: Sequence[str] | None = None) -
             entry["mesh"] = type(comp.mesh).__name__
             entry["regularization"] = type(comp.regularization).__name__
             entry["n_pixels"] = comp.n_pixels
+            if comp.mesh.uses_signal:  # (the brightness weights' settings)
+                entry["mesh_weights"] = {
+                    k: getattr(comp.mesh, k)
+                    for k in ("weight_floor", "weight_power")
+                    if hasattr(comp.mesh, k)
+                }
         comps.append(entry)
     return {
         "components": comps,

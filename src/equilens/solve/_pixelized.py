@@ -206,8 +206,9 @@ def fit_pixelized(
        parametric source, which cannot describe an irregular galaxy: the light the
        source missed is left in it, and only the source's reconstruction shows it:
        PyAutoLens's source -> light -> mass chain);
-    4. for a regularization that adapts to the source's brightness
-       (`AdaptiveBrightness`), up to `rounds - 1` more rounds: the adapt image becomes the
+    4. for a regularization or a mesh that adapts to the source's brightness
+       (`AdaptiveBrightness`, `AdaptiveRectangularMesh(weight_floor=...)`), up to
+       `rounds - 1` more rounds: the adapt image becomes the
        lensed source of the last reconstruction (instead of the data, which holds the lens
        light too), and stage 2 is repeated; the chain stops when the log-evidence gains
        less than 1 (or drops: the previous round is kept);
@@ -358,7 +359,8 @@ def fit_pixelized(
         stage += 1
         return trial, new_term
 
-    if model.source.regularization.uses_signal:  # pyright: ignore[reportAttributeAccessIssue]
+    src = model.source
+    if src.regularization.uses_signal or src.mesh.uses_signal:  # pyright: ignore[reportAttributeAccessIssue]
         r, adapted = _kept_rounds(r, rounds - 1, adapt_round, say)
         term = term if adapted is None else adapted
     epl = as_power_law(r.model) if power_law else None

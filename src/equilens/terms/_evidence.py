@@ -181,7 +181,12 @@ class LogEvidence(AbstractImagingTerm):
         # (the mapping's image-pixel rows split over the devices of a sharded grid; the
         # source-plane solve below is replicated)
         bx, by = system.mass.ray_shoot(grid.split_rows(self.sub_x), grid.split_rows(self.sub_y))
-        geometry = src.mesh.geometry(system.mass, bx.reshape(-1), by.reshape(-1))
+        if src.mesh.uses_signal:
+            # (a brightness-adaptive mesh places its nodes by the adapt image, per sub-pixel)
+            signal = jnp.repeat(self.adapt, s2)
+            geometry = src.mesh.geometry(system.mass, bx.reshape(-1), by.reshape(-1), signal)
+        else:
+            geometry = src.mesh.geometry(system.mass, bx.reshape(-1), by.reshape(-1))
         idx, w = geometry.interpolation(bx.reshape(-1), by.reshape(-1))
         k = s2 * idx.shape[1]
         idx = idx.reshape(n_p, k)

@@ -1,0 +1,147 @@
+"""The brightness-adaptive rectangular mesh (`AdaptiveRectangularMesh(weight_floor=...)`):
+its weighted quantiles, its bad input, where it puts its nodes, and what it does to the
+evidence of a compact, bright source. (Its log-evidence against the dense NumPy reference
+and its gradients: tests/test_pixelized.py; against the Numba backend: tests/test_numba.py.)"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import equilens as el
+from equilens import light, mass
+from equilens.source._mesh import quantile, weighted_quantile
+from helpers import slow_ci
+
+PS = 0.05
+
+
+def test_weighted_quantiles_are_one_formula_on_both_backends_and_follow_the_weights():
+    rng = np.random.default_rng(0)
+    v = rng.uniform(0.0, 1.0, 400)
+    q = np.linspace(0.0, 1.0, 9)
+    w = np.where((v > 0.4) & (v < 0.5), 1.0, 0.01)
+    got_np = weighted_quantile(np, v, w, q)
+    got_jax = np.asarray(weighted_quantile(jnp, jnp.asarray(v), jnp.asarray(w), jnp.asarray(q)))
+    np.testing.assert_allclose(got_jax, got_np, rtol=0, atol=1e-6)
+    # the ends are the extreme values (the mesh covers every traced pixel), in order
+    assert got_np[0] == v.min() and got_np[-1] == v.max()
+    assert np.all(np.diff(got_np) > 0)
+    # the heavy tenth of the values takes most of the quantiles
+    inside = (got_np > 0.4) & (got_np < 0.5)
+    assert inside.sum() >= 5
+    # equal weights: within one spacing of the order statistics of the plain quantiles
+    even = weighted_quantile(np, v, np.ones_like(v), q)
+    assert np.max(np.abs(even - quantile(np, v, q))) < 2.0 / v.size
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"weight_floor": 0.0}, "weight_floor"),
+        ({"weight_floor": -0.1}, "weight_floor"),
+        ({"weight_floor": float("nan")}, "weight_floor"),
+        ({"weight_floor": 0.1, "weight_power": 0.0}, "weight_power"),
+        ({"weight_floor": 0.1, "weight_power": float("inf")}, "weight_power"),
+    ],
+)
+def test_bad_weights_are_refused_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"AdaptiveRectangularMesh.{field}"):
+        el.AdaptiveRectangularMesh((8, 8), **kwargs)
+
+
+def _lens_and_data():
+    lens = mass.SIE(theta_E=0.9, e1=0.08, e2=-0.04) + mass.ExternalShear(gamma1=0.03, gamma2=0.0)
+    # a faint, extended galaxy with a compact, bright clump off its centre
+    source = light.Sersic(amp=4.0, R_sersic=0.25, n_sersic=1.0, center_x=0.03) + light.Sersic(
+        amp=150.0, R_sersic=0.02, n_sersic=1.0, center_x=0.08, center_y=-0.03
+    )
+    truth = el.LensSystem(mass=lens, source=source)
+    grid = el.Grid((52, 52), pixel_scale=PS, supersampling=2)
+    psf = el.GaussianPSF(fwhm=0.08, pixel_scale=PS, truncation=3.0)
+    data = el.simulate(
+        jax.random.key(7),
+        truth,
+        grid,
+        psf,
+        exposure_time=2000.0,
+        sky_level=0.5,
+        mask=grid.circular_mask(1.3),
+    )
+    # the brightness estimate: the noise-free lensed source (a chain's adapt round's)
+    adapt = np.asarray(truth.image(grid, psf))
+    return truth, data, adapt
+
+
+def test_the_nodes_crowd_where_the_source_is_bright_and_the_mesh_needs_its_brightness():
+    truth, data, adapt = _lens_and_data()
+    term = el.LogEvidence(data, adapt_image=adapt)
+    bx, by = truth.mass.ray_shoot(term.sub_x.reshape(-1), term.sub_y.reshape(-1))
+    signal = jnp.repeat(term.adapt, term.sub_x.shape[1])
+    plain = el.AdaptiveRectangularMesh((16, 16))
+    bright = el.AdaptiveRectangularMesh((16, 16), weight_floor=0.1)
+    assert bright.uses_signal and not plain.uses_signal
+    with pytest.raises(ValueError, match="pass signal"):
+        bright.geometry(truth.mass, bx, by)
+    g_plain = plain.geometry(truth.mass, bx, by)
+    g_bright = bright.geometry(truth.mass, bx, by, signal)
+    for a, b in ((g_plain.xs, g_bright.xs), (g_plain.ys, g_bright.ys)):
+        # both cover every traced pixel
+        assert float(a[0]) == float(b[0]) == pytest.approx(float(jnp.min(a)))
+        assert float(a[-1]) == float(b[-1])
+    # more nodes within 0.05" of the clump in each direction
+    near = lambda xs, c: int(jnp.sum(jnp.abs(xs - c) < 0.05))
+    assert near(g_bright.xs, 0.08) > near(g_plain.xs, 0.08)
+    assert near(g_bright.ys, -0.03) > near(g_plain.ys, -0.03)
+
+
+def _best_log_evidence(term, model):
+    # the best regularization strength of a grid (the evidence sets it)
+    values = []
+    for c in 10.0 ** np.arange(-4.0, 2.5, 0.5):
+        m = el.LensSystem(
+            mass=model.mass,
+            source=el.PixelizedSource(model.source.mesh, el.ConstantRegularization(c)),
+        )
+        values.append(-float(term(m)))
+    return max(values)
+
+
+def test_a_compact_clump_is_fitted_better_with_the_same_number_of_source_pixels():
+    # the evidence of the true mass with an 18x18 source: weighting the quantiles by the
+    # brightness resolves the clump the magnification-adaptive mesh smears out
+    truth, data, adapt = _lens_and_data()
+    term = el.LogEvidence(data, adapt_image=adapt)
+    reg = el.ConstantRegularization(1.0)
+    plain = el.LensSystem(
+        mass=truth.mass, source=el.PixelizedSource(el.AdaptiveRectangularMesh((18, 18)), reg)
+    )
+    bright = el.LensSystem(
+        mass=truth.mass,
+        source=el.PixelizedSource(el.AdaptiveRectangularMesh((18, 18), weight_floor=0.1), reg),
+    )
+    gain = _best_log_evidence(term, bright) - _best_log_evidence(term, plain)
+    assert gain > 100.0  # (535 when written; a 26x26 unweighted mesh: +261)
+
+
+@slow_ci
+def test_the_evidence_chain_adapts_a_brightness_mesh_to_its_last_reconstruction():
+    # with a constant regularization the mesh alone uses the brightness: the chain still
+    # runs its adapt rounds (the estimate becomes the lensed source, not the data), and
+    # the result's summary names the weights
+    from equilens.solve import fit_pixelized, result_to_dict
+
+    truth, data, _ = _lens_and_data()
+    mesh = el.AdaptiveRectangularMesh((14, 14), weight_floor=0.1)
+    start = el.LensSystem(
+        mass=truth.mass, source=el.PixelizedSource(mesh, el.ConstantRegularization(1.0))
+    )
+    result, inversion, stages = fit_pixelized(
+        data, start, rounds=2, light_rounds=0, max_steps=40, log=None
+    )
+    names = [s["stage"] for s in stages]
+    assert any("adapted to the source" in n for n in names), names
+    # the brightness estimate is no longer the data
+    assert not np.allclose(np.asarray(inversion.adapt_image), np.asarray(data.data))
+    source = result_to_dict(result)["components"][-1]
+    assert source["mesh_weights"] == {"weight_floor": 0.1, "weight_power": 1.0}
