@@ -22,9 +22,9 @@ ROOTS = [
 
 # Concrete methods (and properties) of abstract classes that a final class may replace by an
 # analytic form (hessian, convergence), a sparse one (a regularization's H by its entries;
-# the default has none), or a term's own answer (a multi-band term is least squares when
-# all of its bands are).
-OVERRIDE_ALLOWLIST = {"hessian", "convergence", "sparse_matrix", "least_squares"}
+# the default has none), or an instance's own answer (a multi-band term is least squares
+# when all of its bands are; an adaptive mesh uses the brightness when it has a weight floor).
+OVERRIDE_ALLOWLIST = {"hessian", "convergence", "sparse_matrix", "least_squares", "uses_signal"}
 
 
 def _all_subclasses(cls):

@@ -20,7 +20,7 @@ from .._multiband import MultiBandLensSystem
 from ..light import AbstractLightProfile, LightSum
 from ..mass import MassSum
 from ..objective._params import _child
-from ..source import PixelizedSource
+from ..source import AdaptiveRectangularMesh, PixelizedSource
 from ._result import FitResult
 
 #: The first bytes of a file written by `save` (then the layout, then equinox's leaves).
@@ -249,11 +249,12 @@ def result_to_dict(result: FitResult, band_names: Sequence[str] | None = None) -
             entry["mesh"] = type(comp.mesh).__name__
             entry["regularization"] = type(comp.regularization).__name__
             entry["n_pixels"] = comp.n_pixels
-            if comp.mesh.uses_signal:  # (the brightness weights' settings)
+            mesh = comp.mesh
+            if isinstance(mesh, AdaptiveRectangularMesh) and mesh.uses_signal:
+                # (the brightness weights' settings)
                 entry["mesh_weights"] = {
-                    k: getattr(comp.mesh, k)
-                    for k in ("weight_floor", "weight_power")
-                    if hasattr(comp.mesh, k)
+                    "weight_floor": mesh.weight_floor,
+                    "weight_power": mesh.weight_power,
                 }
         comps.append(entry)
     return {
