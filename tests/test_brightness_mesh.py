@@ -30,9 +30,21 @@ def test_weighted_quantiles_are_one_formula_on_both_backends_and_follow_the_weig
     # the heavy tenth of the values takes most of the quantiles
     inside = (got_np > 0.4) & (got_np < 0.5)
     assert inside.sum() >= 5
-    # equal weights: within one spacing of the order statistics of the plain quantiles
+    # equal weights: order statistics, within one rank of the plain quantiles
     even = weighted_quantile(np, v, np.ones_like(v), q)
-    assert np.max(np.abs(even - quantile(np, v, q))) < 2.0 / v.size
+    rank = np.searchsorted(np.sort(v), even)
+    assert np.all(np.isin(even, v))
+    assert np.max(np.abs(rank - q * (v.size - 1))) <= 1.0
+    assert np.max(np.abs(even - quantile(np, v, q))) < 0.02
+    # continuous in the values: two values of different weights trading places move the
+    # quantiles by no more than they moved (interpolating at the cumulative weights would
+    # jump by a share of the gap to the neighbours)
+    u = np.array([0.0, 1.0, 1.0, 2.0, 3.0])
+    wu = np.array([1.0, 5.0, 0.2, 1.0, 1.0])
+    qs = np.linspace(0.0, 1.0, 11)
+    before = weighted_quantile(np, u + np.array([0, -1e-9, 1e-9, 0, 0]), wu, qs)
+    after = weighted_quantile(np, u + np.array([0, 1e-9, -1e-9, 0, 0]), wu, qs)
+    assert np.max(np.abs(before - after)) <= 3e-9
 
 
 @pytest.mark.parametrize(

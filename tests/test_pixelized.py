@@ -59,21 +59,21 @@ def _system(mesh, reg, lens_light=True):
 
 
 def _np_weighted_quantile(v, w, q):
-    """Quantiles of `v` weighted by `w`: each sorted value at the middle of its weight's
-    share of the cumulative weight, linear in between, clamped at the ends."""
+    """Weighted quantiles of `v`: for each `q`, the smallest value whose cumulative weight
+    (values in increasing order) reaches `q` of the total."""
     order = np.argsort(v, kind="stable")
     vs, ws = v[order], w[order]
-    at = (np.cumsum(ws) - ws / 2) / ws.sum()
+    total = ws.sum()
     out = []
     for qi in q:
-        k = np.searchsorted(at, qi, side="right")
-        if k == 0:
-            out.append(vs[0])
-        elif k == vs.size:
-            out.append(vs[-1])
+        reached = 0.0
+        for value, weight in zip(vs, ws, strict=True):
+            reached += weight
+            if reached >= qi * total * (1 - 1e-12):
+                out.append(value)
+                break
         else:
-            t = (qi - at[k - 1]) / (at[k] - at[k - 1])
-            out.append(vs[k - 1] + t * (vs[k] - vs[k - 1]))
+            out.append(vs[-1])
     return np.asarray(out)
 
 
