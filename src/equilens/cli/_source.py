@@ -11,7 +11,7 @@ REGULARIZATIONS = ("constant", "curvature", "adaptive", "matern")
 DEFAULT_MESH_SHAPE = {"rectangular": (32, 32), "adaptive": (24, 24), "brightness": (24, 24)}
 #: The `weight_floor` of the `brightness` mesh (`AdaptiveRectangularMesh`): of 0.03, 0.1
 #: and 0.3 (power 1) and 0.1 (power 0.5), 0.1 gave the highest smooth log-evidence on
-#: issue 50's suite lens 2 (by 3-63); one lens, stated as such (docs/subhalo.md)
+#: issue 50's suite lens 2 (by 3-63); one lens, stated as such (docs/pixelized.md)
 BRIGHTNESS_FLOOR = 0.1
 #: The pixelized source's mesh when `--mesh` is not given: a mesh adapted to the
 #: magnification puts its pixels where the arcs resolve the source (on the realistic
