@@ -230,6 +230,7 @@ def bench(session: nox.Session) -> None:
         "benchmarks/bench_fit.py",
         "benchmarks/bench_step.py",
         "benchmarks/bench_pixelized.py",
+        "benchmarks/bench_mesh.py",
         "benchmarks/bench_numba.py",
         "benchmarks/bench_multiband.py",
         "benchmarks/bench_sharding.py",

@@ -227,12 +227,13 @@ class AdaptiveRectangularMesh(AbstractMesh):
             isinstance(weight_floor, int | float) and 0.0 < float(weight_floor) < math.inf
         ):
             raise ValueError(
-                f"AdaptiveRectangularMesh.weight_floor must be None or a number > 0, got "
+                f"AdaptiveRectangularMesh.weight_floor must be None or a finite number > 0, got "
                 f"{weight_floor!r}"
             )
         if not (isinstance(weight_power, int | float) and 0.0 < float(weight_power) < math.inf):
             raise ValueError(
-                f"AdaptiveRectangularMesh.weight_power must be a number > 0, got {weight_power!r}"
+                "AdaptiveRectangularMesh.weight_power must be a finite number > 0, got "
+                f"{weight_power!r}"
             )
         self.weight_floor = None if weight_floor is None else float(weight_floor)
         self.weight_power = float(weight_power)
