@@ -182,10 +182,10 @@ def geometry(
 ) -> Geometry:
     """The geometry of the source `mesh` for the mass model `mass` and the traced
     positions `x`, `y` (flat float64) of the mapped image sub-pixels, as `mesh.geometry`
-    (NumPy: a `Rectilinear` or a `Triangulation`); a mesh that `uses_signal` gets the
-    brightness `signal` at those positions as a fifth argument."""
+    (NumPy: a `Rectilinear` or a `Triangulation`); `signal`, the brightness at those
+    positions, is passed on as a fifth argument (given for a mesh that `uses_signal`)."""
     place = _lookup(_MESHES, mesh, "source-mesh placement", "register_mesh")
-    if getattr(mesh, "uses_signal", False):
+    if signal is not None:
         return place(mesh, mass, x, y, signal)  # pyright: ignore[reportCallIssue]
     return place(mesh, mass, x, y)
 
@@ -422,7 +422,7 @@ def invert(term: LogEvidence, system: LensSystem) -> Evidence:
     mass = object.__getattribute__(system, "mass")
     alpha = mass_rows(mass, h.sub_x, h.sub_y, DEFLECTION)
     bx, by = h.sub_x - alpha[0], h.sub_y - alpha[1]
-    signal = np.repeat(h.adapt, h.s2) if getattr(mesh, "uses_signal", False) else None
+    signal = np.repeat(h.adapt, h.s2) if mesh.uses_signal else None
     geo = geometry(mesh, mass, bx, by, signal)
     idx, w = geo.interpolation(bx, by)
     k = h.s2 * idx.shape[1]
