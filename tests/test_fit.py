@@ -1,6 +1,7 @@
 """Fits of simulated lenses: recovery within the reported errors, solvers, batches, I/O."""
 
 import json
+import math
 
 import equinox as eqx
 import jax
@@ -306,6 +307,53 @@ def test_smoothed_covariance_is_the_curvature_on_the_scale_of_the_errors():
     assert el.solve.with_smoothed_covariance(done, smooth, lambda _: True) is done
     with pytest.raises(ValueError, match="step"):
         el.solve.with_smoothed_covariance(failed(point), smooth, lambda _: True, step=0.0)
+
+
+class _RippleOnTheErrorScale(el.terms.AbstractTerm):
+    """200 a^2 (a 1-sigma error of 0.05) plus a ripple `r cos(k a)` whose period is twice
+    the first step of the smoothed curvature (1/30 from the autodiff second derivative,
+    400 - r k^2 = -900): its values over that step give a negative curvature."""
+
+    def __call__(self, model):
+        k = 30.0 * math.pi
+        r = 1300.0 / (math.pi**2 * 900.0)
+        return 200.0 * model.a**2 + r * jnp.cos(k * model.a) + 0.0 * model.b
+
+
+@pytest.mark.x64_only
+def test_smoothed_covariance_widens_its_step_where_the_roughness_outweighs_the_curvature():
+    objective = el.Objective(_RippleOnTheErrorScale())
+    point = _Point(jnp.asarray(0.0), jnp.asarray(0.0))
+    k, r = 30.0 * math.pi, 1300.0 / (math.pi**2 * 900.0)
+    # the premise: the values over the first step (1 / sqrt|400 - r k^2| = 1/30) curve
+    # downwards, so the 1-sigma scheme alone finds no covariance
+    h = 1.0 / math.sqrt(abs(400.0 - r * k**2))
+    f = lambda a: float(objective(_Point(jnp.asarray(a), jnp.asarray(0.0))))
+    assert (f(h) - 2 * f(0.0) + f(-h)) / h**2 < 0
+    failed = el.solve.FitResult(
+        model=point,
+        value=objective(point),
+        term_values=objective(point)[None],
+        chi2=jnp.zeros(()),
+        num_steps=jnp.zeros((), int),
+        result=el.solve.RESULTS.covariance_failed,
+        covariance=jnp.full((2, 2), jnp.nan),
+        names=("a", "b"),
+        n_data=0,
+        n_linear=0,
+        solver="bfgs",
+    )
+    out = el.solve.with_smoothed_covariance(failed, objective, _Point(True, False))
+    assert out.success
+    assert "2-sigma steps" in out.message()
+    # the ripple averaged over the wider steps: the quadratic's variance 1/400 to 20%
+    assert float(out.covariance[0, 0]) == pytest.approx(1 / 400.0, rel=0.2)
+    # the Laplace evidence's smoothed Hessian widens the same way: the quadratic's
+    # evidence (the ripple's value r at the mode aside) to 0.1, not a negative curvature
+    # taken by its magnitude
+    ev = el.solve.laplace_evidence(objective, point, free=_Point(True, False), smoothed=True)
+    assert ev.smoothing_step == 2.0 and ev.negative == 0
+    assert ev.log_evidence == pytest.approx(-r + 0.5 * math.log(2 * math.pi / 400.0), abs=0.1)
 
 
 @slow_ci

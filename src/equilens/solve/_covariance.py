@@ -116,6 +116,13 @@ SMOOTHING_STEP = 1.0
 
 SMOOTHING_ROUNDS = 6
 
+#: the most times the smoothed curvature's step is doubled when the values over the
+#: current steps do not give a positive-definite Hessian (so at most 4 sigma): an
+#: objective whose roughness on the scale of the errors outweighs its curvature there
+#: (measured on a pixelized source's evidence with the brightness-adaptive mesh, whose
+#: 1-sigma Hessian had one negative eigenvalue and whose 2-sigma one had none)
+SMOOTHING_WIDENINGS = 2
+
 
 def _value_hessian(
     f: Callable[[Array], Array],
@@ -165,6 +172,42 @@ def _inverse_pd(hess: np.ndarray) -> np.ndarray | None:
     return 0.5 * (cov + cov.T)
 
 
+def smoothed_value_hessian(
+    f: Callable[[Array], Array],
+    z0: Array,
+    sigma: np.ndarray,
+    *,
+    step: float = SMOOTHING_STEP,
+    rounds: int = SMOOTHING_ROUNDS,
+    values: Callable[[Array], np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray | None, float]:
+    """The Hessian of `f` at `z0` from central differences of its values over steps of
+    `step` times the 1-sigma errors (`_value_hessian`): first `sigma`, then the errors
+    each round's covariance gives, until the steps change by less than 10% or `rounds`
+    rounds. A round whose Hessian is not positive definite doubles the step (at most
+    `SMOOTHING_WIDENINGS` times) and is taken again: the curvature of the objective
+    smoothed over a wider region, where its roughness below the errors weighs less.
+
+    Returns the last round's Hessian, its inverse (`None` when that Hessian is not
+    positive definite) and the step used, in sigma."""
+    scale, widened = float(step), 0
+    steps = scale * np.asarray(sigma, np.float64)
+    hess, cov = None, None
+    for _ in range(max(int(rounds), 1) + SMOOTHING_WIDENINGS):
+        hess = _value_hessian(f, z0, steps, values)
+        cov = _inverse_pd(hess)
+        if cov is None:
+            if widened == SMOOTHING_WIDENINGS:
+                break
+            widened, scale, steps = widened + 1, 2.0 * scale, 2.0 * steps
+            continue
+        steps, previous = scale * np.sqrt(np.diagonal(cov)), steps
+        if np.all(np.abs(steps / previous - 1) < 0.1):
+            break
+    assert hess is not None
+    return hess, cov, scale
+
+
 def with_smoothed_covariance(
     result: FitResult,
     objective: Objective,
@@ -186,9 +229,12 @@ def with_smoothed_covariance(
     differences of the values (unconstrained parametrisation, `2 n^2 + 1` evaluations for
     `n` parameters) with a step of `step` times each parameter's 1-sigma error: first
     estimated from the autodiff Hessian's diagonal, then from the errors so found, until
-    the steps change by less than 10% (at most `SMOOTHING_ROUNDS` rounds). The Laplace
-    approximation this gives is that of the objective smoothed over its 1-sigma region,
-    which is what the errors describe; the note says so.
+    the steps change by less than 10% (at most `SMOOTHING_ROUNDS` rounds;
+    `smoothed_value_hessian`). The Laplace approximation this gives is that of the
+    objective smoothed over its 1-sigma region, which is what the errors describe. When
+    the values over those steps do not give a positive-definite Hessian (the roughness
+    outweighs the curvature on that scale), the step is doubled, at most
+    `SMOOTHING_WIDENINGS` times; the note says which step was used.
 
     `objective` and `bounds` are those of the fit that gave `result`."""
     if not bool(result.result == RESULTS.covariance_failed):
@@ -207,15 +253,10 @@ def with_smoothed_covariance(
 
     f = jax.jit(value)
     diag = np.abs(np.diagonal(np.asarray(jax.jit(jax.hessian(value))(raw0))))
-    h = np.where(diag > 0, step / np.sqrt(np.where(diag > 0, diag, 1.0)), 1e-3)
-    cov = None
-    for _ in range(SMOOTHING_ROUNDS):
-        cov = _inverse_pd(_value_hessian(f, raw0, h))
-        if cov is None:
-            return result
-        h, previous = step * np.sqrt(np.diagonal(cov)), h
-        if np.all(np.abs(h / previous - 1) < 0.1):
-            break
+    sigma = np.where(diag > 0, 1.0 / np.sqrt(np.where(diag > 0, diag, 1.0)), 1e-3)
+    _, cov, scale = smoothed_value_hessian(f, raw0, sigma, step=step)
+    if cov is None:
+        return result
     # from the unconstrained parametrisation to the physical values: J cov J^T
     jac = np.asarray(
         jax.jacfwd(lambda z: ravel_pytree(param.values(param.to_model(unravel(z), model)))[0])(raw0)
@@ -224,7 +265,7 @@ def with_smoothed_covariance(
     held = [n for n in result.names if n not in set(kept)]
     note = (
         "the autodiff Hessian is not positive definite (the objective is rough on scales "
-        f"below its errors): errors from the curvature of its values over {step:g}-sigma "
+        f"below its errors): errors from the curvature of its values over {scale:g}-sigma "
         "steps (central differences)"
     )
     if held:

@@ -37,7 +37,7 @@ from jaxtyping import PyTree
 
 from ..objective import Objective, Parametrisation
 from ..objective._params import Bounds, Where
-from ._covariance import SMOOTHING_STEP, _inverse_pd, _value_hessian
+from ._covariance import smoothed_value_hessian
 from ._parametrise import parametrisation
 
 #: Eigenvalues of the Hessian below this fraction of the largest are floored there.
@@ -57,7 +57,10 @@ class LaplaceEvidence(eqx.Module):
     d z`, ordered as `names`); `names`; `newton_steps` (taken); `floored` (eigenvalues
     floored: 0 when every direction is constrained by the data or the prior);
     `negative` (negative eigenvalues of the Hessian, counted by their magnitude);
-    `gradient_norm` (`|dF/dz|` at the end: small when the mode was found).
+    `gradient_norm` (`|dF/dz|` at the end: small when the mode was found);
+    `smoothing_step` (with `smoothed=True`, the step of the values' central differences
+    in units of the errors: 1, or 2 or 4 where the values over narrower steps did not give
+    a positive-definite Hessian; NaN without smoothing).
     """
 
     log_evidence: float
@@ -68,6 +71,7 @@ class LaplaceEvidence(eqx.Module):
     floored: int
     negative: int
     gradient_norm: float
+    smoothing_step: float = math.nan
 
 
 def _log_norm(param: Parametrisation, model: PyTree[Any]) -> float:
@@ -108,11 +112,12 @@ def _values(objective: Objective, param: Parametrisation, template: Any, raws: A
     return jax.lax.map(one, raws)
 
 
-def _smoothed_hessian(objective, param, template, z, unravel, norm, h0, rounds) -> np.ndarray:
+def _smoothed_hessian(objective, param, template, z, unravel, norm, h0, rounds):
     """The Hessian of `F` from central differences of its values over 1-sigma steps
-    (`_value_hessian`), the first steps from the diagonal of `h0`, then from the
-    covariance each round gives, until they change by less than 10% or `rounds` rounds;
-    the last round's Hessian (not positive definite when a round's is not)."""
+    (`smoothed_value_hessian`, its steps widened where a round's Hessian is not positive
+    definite), the first steps from the diagonal of `h0`, then from the covariance each
+    round gives; returns it (not positive definite when even the widest round's was not)
+    and the step used, in sigma."""
 
     def f(zz):
         return _value(objective, param, template, unravel(zz), norm)
@@ -125,17 +130,9 @@ def _smoothed_hessian(objective, param, template, z, unravel, norm, h0, rounds) 
         return np.asarray(_values(objective, param, template, raw, norm))
 
     diag = np.abs(np.diagonal(h0))
-    steps = np.where(diag > 0, SMOOTHING_STEP / np.sqrt(np.where(diag > 0, diag, 1.0)), 1e-3)
-    hess = h0
-    for _ in range(max(int(rounds), 1)):
-        hess = _value_hessian(f, z, steps, values)
-        cov = _inverse_pd(hess)
-        if cov is None:
-            break
-        steps, previous = SMOOTHING_STEP * np.sqrt(np.diagonal(cov)), steps
-        if np.all(np.abs(steps / previous - 1) < 0.1):
-            break
-    return hess
+    sigma = np.where(diag > 0, 1.0 / np.sqrt(np.where(diag > 0, diag, 1.0)), 1e-3)
+    hess, _, scale = smoothed_value_hessian(f, z, sigma, rounds=rounds, values=values)
+    return hess, scale
 
 
 def _parts(objective, param, template, z, unravel, norm) -> tuple[float, np.ndarray, np.ndarray]:
@@ -217,8 +214,11 @@ def laplace_evidence(
             break
         steps += 1
         f, g, h = _parts(objective, param, model, z, unravel, norm)
+    smoothing = math.nan
     if smoothed:
-        h = _smoothed_hessian(objective, param, model, z, unravel, norm, h, smoothing_rounds)
+        h, smoothing = _smoothed_hessian(
+            objective, param, model, z, unravel, norm, h, smoothing_rounds
+        )
     h = 0.5 * (h + h.T)
     if not np.all(np.isfinite(h)):
         names = param.paths(model)
@@ -253,4 +253,5 @@ def laplace_evidence(
         floored=floored,
         negative=negative,
         gradient_norm=float(np.linalg.norm(g)),
+        smoothing_step=smoothing,
     )
