@@ -262,28 +262,32 @@ class _RoughQuadratic(el.terms.AbstractTerm):
         return 0.5 * p @ a @ p + self.ripple * jnp.sum(jnp.sin(3000.0 * p) ** 2)
 
 
+def _covariance_failed(objective, model):
+    """A `FitResult` of a `_Point` at `model` whose covariance failed."""
+    return el.solve.FitResult(
+        model=model,
+        value=objective(model),
+        term_values=objective(model)[None],
+        chi2=jnp.zeros(()),
+        num_steps=jnp.zeros((), int),
+        result=el.solve.RESULTS.covariance_failed,
+        covariance=jnp.full((2, 2), jnp.nan),
+        names=("a", "b"),
+        n_data=0,
+        n_linear=0,
+        solver="bfgs",
+    )
+
+
 @pytest.mark.x64_only
 def test_smoothed_covariance_is_the_curvature_on_the_scale_of_the_errors():
     a = np.array([[400.0, 120.0], [120.0, 100.0]])
     expected = np.linalg.inv(a)
     point = _Point(jnp.asarray(0.3), jnp.asarray(-0.2))
     objective = el.Objective(_RoughQuadratic(0.02))
-    names = ("a", "b")
 
     def failed(model):
-        return el.solve.FitResult(
-            model=model,
-            value=objective(model),
-            term_values=objective(model)[None],
-            chi2=jnp.zeros(()),
-            num_steps=jnp.zeros((), int),
-            result=el.solve.RESULTS.covariance_failed,
-            covariance=jnp.full((2, 2), jnp.nan),
-            names=names,
-            n_data=0,
-            n_linear=0,
-            solver="bfgs",
-        )
+        return _covariance_failed(objective, model)
 
     out = el.solve.with_smoothed_covariance(failed(point), objective, lambda _: True)
     assert out.success
@@ -330,19 +334,7 @@ def test_smoothed_covariance_widens_its_step_where_the_roughness_outweighs_the_c
     h = 1.0 / math.sqrt(abs(400.0 - r * k**2))
     f = lambda a: float(objective(_Point(jnp.asarray(a), jnp.asarray(0.0))))
     assert (f(h) - 2 * f(0.0) + f(-h)) / h**2 < 0
-    failed = el.solve.FitResult(
-        model=point,
-        value=objective(point),
-        term_values=objective(point)[None],
-        chi2=jnp.zeros(()),
-        num_steps=jnp.zeros((), int),
-        result=el.solve.RESULTS.covariance_failed,
-        covariance=jnp.full((2, 2), jnp.nan),
-        names=("a", "b"),
-        n_data=0,
-        n_linear=0,
-        solver="bfgs",
-    )
+    failed = _covariance_failed(objective, point)
     out = el.solve.with_smoothed_covariance(failed, objective, _Point(True, False))
     assert out.success
     assert "2-sigma steps" in out.message()
