@@ -175,14 +175,15 @@ def _inverse_pd(hess: np.ndarray) -> np.ndarray | None:
 def smoothed_value_hessian(
     f: Callable[[Array], Array],
     z0: Array,
-    sigma: np.ndarray,
+    curvature: np.ndarray,
     *,
     step: float = SMOOTHING_STEP,
     rounds: int = SMOOTHING_ROUNDS,
     values: Callable[[Array], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, float]:
     """The Hessian of `f` at `z0` from central differences of its values over steps of
-    `step` times the 1-sigma errors (`_value_hessian`): first `sigma`, then the errors
+    `step` times the 1-sigma errors (`_value_hessian`): first those of the Hessian's
+    diagonal estimate `curvature` (its magnitudes; 1e-3 where it is 0), then the errors
     each round's covariance gives, until the steps change by less than 10% or `rounds`
     rounds. A round whose Hessian is not positive definite doubles the step (at most
     `SMOOTHING_WIDENINGS` times) and is taken again: the curvature of the objective
@@ -190,8 +191,10 @@ def smoothed_value_hessian(
 
     Returns the last round's Hessian, its inverse (`None` when that Hessian is not
     positive definite) and the step used, in sigma."""
+    diag = np.abs(np.asarray(curvature, np.float64))
+    sigma = np.where(diag > 0, 1.0 / np.sqrt(np.where(diag > 0, diag, 1.0)), 1e-3)
     scale, widened = float(step), 0
-    steps = scale * np.asarray(sigma, np.float64)
+    steps = scale * sigma
     hess, cov = None, None
     for _ in range(max(int(rounds), 1) + SMOOTHING_WIDENINGS):
         hess = _value_hessian(f, z0, steps, values)
@@ -252,9 +255,8 @@ def with_smoothed_covariance(
         return objective(param.to_model(unravel(z), model))
 
     f = jax.jit(value)
-    diag = np.abs(np.diagonal(np.asarray(jax.jit(jax.hessian(value))(raw0))))
-    sigma = np.where(diag > 0, 1.0 / np.sqrt(np.where(diag > 0, diag, 1.0)), 1e-3)
-    _, cov, scale = smoothed_value_hessian(f, raw0, sigma, step=step)
+    diag = np.diagonal(np.asarray(jax.jit(jax.hessian(value))(raw0)))
+    _, cov, scale = smoothed_value_hessian(f, raw0, diag, step=step)
     if cov is None:
         return result
     # from the unconstrained parametrisation to the physical values: J cov J^T

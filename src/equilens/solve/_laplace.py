@@ -112,7 +112,9 @@ def _values(objective: Objective, param: Parametrisation, template: Any, raws: A
     return jax.lax.map(one, raws)
 
 
-def _smoothed_hessian(objective, param, template, z, unravel, norm, h0, rounds):
+def _smoothed_hessian(
+    objective, param, template, z, unravel, norm, h0, rounds
+) -> tuple[np.ndarray, float]:
     """The Hessian of `F` from central differences of its values over 1-sigma steps
     (`smoothed_value_hessian`, its steps widened where a round's Hessian is not positive
     definite), the first steps from the diagonal of `h0`, then from the covariance each
@@ -129,9 +131,7 @@ def _smoothed_hessian(objective, param, template, z, unravel, norm, h0, rounds):
         raw = jax.vmap(unravel)(points)
         return np.asarray(_values(objective, param, template, raw, norm))
 
-    diag = np.abs(np.diagonal(h0))
-    sigma = np.where(diag > 0, 1.0 / np.sqrt(np.where(diag > 0, diag, 1.0)), 1e-3)
-    hess, _, scale = smoothed_value_hessian(f, z, sigma, rounds=rounds, values=values)
+    hess, _, scale = smoothed_value_hessian(f, z, np.diagonal(h0), rounds=rounds, values=values)
     return hess, scale
 
 
