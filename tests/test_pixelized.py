@@ -1203,7 +1203,7 @@ def test_pixelized_chain_keeps_a_lens_light_round_only_when_the_evidence_rises()
 
 @pytest.mark.slow
 @pytest.mark.x64_only
-def test_adaptive_regularization_rounds_keep_the_adapt_image_of_the_best_round():
+def test_adaptive_regularization_rounds_keep_the_adapt_image_of_the_best_round(monkeypatch):
     truth, imaging = _lens_with_light(lambda grid: grid.annular_mask(0.3, 1.4))
     start = el.LensSystem(
         mass=mass.SIE(theta_E=0.98, e1=0.06, e2=-0.02) + mass.ExternalShear(0.0, 0.0),
@@ -1212,9 +1212,26 @@ def test_adaptive_regularization_rounds_keep_the_adapt_image_of_the_best_round()
             el.AdaptiveRectangularMesh((14, 14)), el.AdaptiveBrightness(1.0, 1.0, 1.0)
         ),
     )
+    # every covariance fails (as on a lens whose evidence is too rough for it even over
+    # 4-sigma steps): a round is kept for its evidence all the same, and the errors are
+    # computed once, for the kept stage, which then says they failed
+    from equilens.solve import _pixelized
+
+    evidence_fit, asked = _pixelized._evidence_fit, []
+
+    def errors_fail(objective, start, free, solver, max_steps, progress, covariance=True):
+        asked.append(covariance)
+        r = evidence_fit(objective, start, free, solver, max_steps, progress, covariance=False)
+        failed = el.solve.RESULTS.covariance_failed
+        return eqx.tree_at(lambda r: r.result, r, failed) if covariance and r.success else r
+
+    monkeypatch.setattr(_pixelized, "_evidence_fit", errors_fail)
     result, inversion, stages = el.solve.fit_pixelized(
         imaging, start, rounds=3, max_steps=300, log=None
     )
+    assert asked[-1] and not any(asked[:-1])
+    assert result.result == el.solve.RESULTS.covariance_failed
+    assert np.isnan(np.asarray(result.errors)).all()
     names = [s["stage"] for s in stages]
     assert names[2] == "stage 3 (adapted to the source, round 1)"
     assert len(names) <= 4 and all("adapted" in n for n in names[2:])

@@ -240,13 +240,18 @@ def fit_pixelized(
     source, which a pixelized source can fit nearly as well. Each stage's record then
     holds its `positions_penalty` (zero while the guard is not touched).
 
-    The errors are those of the Laplace approximation over every fitted parameter. The
-    evidence is smooth only piecewise in the mass (traced pixels cross the mesh's cells),
-    so when its autodiff Hessian is not positive definite, the curvature comes from its
-    values over 1-sigma steps (`with_smoothed_covariance`); when that is singular too (a
-    hyperparameter the evidence leaves unconstrained), the mass errors with the
-    hyperparameters held (`with_smoothed_covariance`, then `with_conditional_covariance`,
-    over the mass alone). The result's `notes` say which.
+    The stages are fitted without their covariance and kept for their evidence (a round
+    that converged and raised it); the errors are computed once, for the stage that is
+    kept (fitted once more from its minimum, a few steps), so a round is not dropped
+    because its errors could not be computed: the result is then that round's model with
+    the status `RESULTS.covariance_failed`. The errors are those of the Laplace
+    approximation over every fitted parameter. The evidence is smooth only piecewise in
+    the mass (traced pixels cross the mesh's cells), so when its autodiff Hessian is not
+    positive definite, the curvature comes from its values over 1-sigma steps
+    (`with_smoothed_covariance`); when that is singular too (a hyperparameter the
+    evidence leaves unconstrained), the mass errors with the hyperparameters held
+    (`with_smoothed_covariance`, then `with_conditional_covariance`, over the mass
+    alone). The result's `notes` say which.
 
     Returns the `FitResult` of the last kept stage (solved source and amplitudes filled
     in), its `Inversion` (the source's 1-sigma errors included; its `adapt_image` the
@@ -310,7 +315,7 @@ def fit_pixelized(
         radius = "" if theta_e is None else f', theta_E {theta_e:.4f}"'
         say(f"  {name}: log evidence {log_ev:.1f}{radius}, {int(r.num_steps)} steps, {r.message()}")
 
-    def run(objective: Objective, start: LensSystem, free: Any, covariance=True) -> FitResult:
+    def run(objective: Objective, start: LensSystem, free: Any, covariance=False) -> FitResult:
         return _evidence_fit(objective, start, free, solver, max_steps, progress, covariance)
 
     objective = Objective([term, *guard])
@@ -324,28 +329,32 @@ def fit_pixelized(
         model = eqx.tree_at(where, model, replace_fn=lambda _: jnp.asarray(best, dtype))
         say(f"  regularization start {best:g} (log evidence {-min(scores):.1f})")
         regularization = select(model, lambda s: s.source.regularization)  # pyright: ignore[reportAttributeAccessIssue]
-        r = run(objective, model, regularization, covariance=False)
+        r = run(objective, model, regularization)
         record("stage 1 (regularization)", r)
         model = r.model
-    free = select(model, lambda s: (s.mass, s.source.regularization) if fit_strength else s.mass)  # pyright: ignore[reportAttributeAccessIssue]
-    # (with lens-light rounds to come, the covariance waits for the stage that is kept)
+
+    def fitted(m: LensSystem) -> Any:
+        """The parameters stage 2 fits: the mass (and the regularization's)."""
+        return select(m, lambda s: (s.mass, s.source.regularization) if fit_strength else s.mass)  # pyright: ignore[reportAttributeAccessIssue]
+
+    free = fitted(model)
+    # every stage is fitted without its covariance: a stage is kept for its evidence, and
+    # the covariance is computed once, for the stage that is kept (at the end)
     light_stages = light_rounds > 0 and isinstance(model.lens_light, FixedLight)
-    r = run(objective, model, free, covariance=not light_stages)
+    r = run(objective, model, free)
     record("stage 2 (mass)", r)
     stage = 3
 
     def light_round(k: int, last: FitResult, _: None) -> tuple[FitResult, None]:
         nonlocal stage
         light = refit_lens_light(imaging, last.model, term, max_steps=300, progress=progress)
-        trial = run(objective, light, free, covariance=False)
+        trial = run(objective, light, free)
         record(f"stage {stage} (lens light beside the source, round {k}; then the mass)", trial)
         stage += 1
         return trial, None
 
     if light_stages:
         r, _ = _kept_rounds(r, light_rounds, light_round, say)
-        # the kept stage once more from its minimum (a few steps), with its covariance
-        r = run(objective, r.model, free)
 
     def adapt_round(k: int, last: FitResult, made: Any) -> tuple[FitResult, LogEvidence]:
         nonlocal stage
@@ -363,10 +372,10 @@ def fit_pixelized(
     if src.regularization.uses_signal or src.mesh.uses_signal:  # pyright: ignore[reportAttributeAccessIssue]
         r, adapted = _kept_rounds(r, rounds - 1, adapt_round, say)
         term = term if adapted is None else adapted
+    objective = Objective([term, *guard])
     epl = as_power_law(r.model) if power_law else None
     if epl is not None:
-        objective = Objective([term, *guard])
-        free = select(epl, lambda s: (s.mass, s.source.regularization) if fit_strength else s.mass)  # pyright: ignore[reportAttributeAccessIssue]
+        epl_free = fitted(epl)
         # the slope trades against the ellipticity, shear and Einstein radius along a
         # narrow valley that a quasi-Newton solver started with an identity Hessian does
         # not enter from the SIE's minimum (its line search finds no decrease): a Newton
@@ -377,16 +386,19 @@ def fit_pixelized(
             if drop > 0
             else "    (no Newton step over the mass raised the log evidence)"
         )
-        trial = run(objective, epl, free, covariance=False)
+        trial = run(objective, epl, epl_free)
         record(f"stage {stage} (power-law mass)", trial)
         gain = float(r.value) - float(trial.value)
         if trial.success and gain > POWER_LAW_GAIN:
             say(f"    (kept: log evidence {gain:+.1f} over the SIE)")
-            # once more from its minimum (a few steps), with its covariance
-            r = run(objective, trial.model, free)
+            r, free = trial, epl_free
         else:
             why = trial.message() if not trial.success else f"log evidence {gain:+.1f}"
             say(f"    (not kept: {why}; the SIE needs a gain over {POWER_LAW_GAIN:g})")
+    # the kept stage once more from its minimum (a few steps), with its covariance: a stage
+    # whose errors cannot be computed is still the model of the highest evidence (its
+    # status then says so, `RESULTS.covariance_failed`)
+    r = run(objective, r.model, free, covariance=True)
     inversion = dataclasses.replace(
         _invert_with_errors(term, r.model), adapt_image=term.adapt_image
     )
