@@ -348,6 +348,76 @@ def test_smoothed_covariance_widens_its_step_where_the_roughness_outweighs_the_c
     assert ev.log_evidence == pytest.approx(-r + 0.5 * math.log(2 * math.pi / 400.0), abs=0.1)
 
 
+class _Stiff(el.terms.AbstractTerm):
+    """A quadratic whose two parameters' errors differ by 10^4 (1e-4 and 1), correlated:
+    hard for a quasi-Newton solver's unit first Hessian."""
+
+    def __call__(self, model):
+        p = jnp.stack([(model.a - 0.3) / 1e-4, model.b + 0.2])
+        return 0.5 * p @ jnp.array([[1.0, 0.6], [0.6, 1.0]]) @ p
+
+
+@pytest.mark.x64_only
+def test_fit_scale_preconditions_the_solver_to_the_same_minimum_in_fewer_steps():
+    """`fit(scale=...)`: the solver iterates in units of the given errors; the same minimum,
+    fewer steps where the errors differ by orders of magnitude; `fit_batch` likewise;
+    a scale of the wrong shape or not positive is refused."""
+    objective = el.Objective(_Stiff())
+    start = _Point(jnp.asarray(0.2999), jnp.asarray(1.5))
+    plain = el.fit(objective, start, "bfgs", max_steps=500, covariance=False, throw=False)
+    scaled = el.fit(objective, start, "bfgs", max_steps=500, covariance=False, scale=[1e-4, 1.0])
+    assert scaled.success
+    assert float(scaled.model.a) == pytest.approx(0.3, abs=1e-9)
+    assert float(scaled.model.b) == pytest.approx(-0.2, abs=1e-5)
+    # the premise: unscaled, BFGS needs many more steps (or does not converge)
+    assert int(scaled.num_steps) < 30 < int(plain.num_steps)
+    # the same scale in a batch: each element as `fit` gives it
+    stacked = jax.tree.map(
+        lambda *x: jnp.stack(x), start, _Point(jnp.asarray(0.3001), jnp.asarray(-1.0))
+    )
+    batch = el.fit_batch(
+        objective, stacked, "bfgs", max_steps=500, covariance=False, scale=np.array([1e-4, 1.0])
+    )
+    assert float(batch.value[0]) == float(scaled.value)
+    assert int(batch.num_steps[0]) == int(scaled.num_steps)
+    assert all(el.solve.pick(batch, i).success for i in range(2))
+    for bad, match in (([1.0], "one value per free scalar"), ([1.0, 0.0], "positive")):
+        with pytest.raises(ValueError, match=match):
+            el.fit(objective, start, "bfgs", scale=bad)
+
+
+@pytest.mark.x64_only
+def test_smoothed_curvature_takes_at_most_rounds_positive_definite_rounds():
+    """`smoothed_value_hessian` re-estimates its steps from each round's errors for at most
+    `rounds` positive-definite rounds (as documented), then stops: on z^2 + z^4, whose
+    values' curvature depends on the step (2 + 2 h^2), from a step 1000 times too wide."""
+    from equilens.solve._covariance import smoothed_value_hessian
+
+    calls = []
+
+    def values(points):
+        calls.append(len(points))
+        z = np.asarray(points)[:, 0]
+        return z**2 + z**4
+
+    def run(rounds):
+        calls.clear()
+        f = lambda z: z[0] ** 2 + z[0] ** 4
+        hess, cov, scale = smoothed_value_hessian(
+            f, jnp.zeros(1), np.array([1e-6]), rounds=rounds, values=values
+        )
+        return len(calls), hess, cov, scale
+
+    n, hess, cov, scale = run(3)
+    assert n == 3 and cov is not None and scale == 1.0  # 3 rounds of 3 values each
+    assert calls == [3, 3, 3]
+    # with more rounds allowed, the steps settle (to 10%) at h^2 (2 + 2 h^2) = 1
+    n, hess, _, _ = run(20)
+    assert 3 < n < 20
+    h2 = (-2 + math.sqrt(12)) / 4
+    assert float(hess[0, 0]) == pytest.approx(2 + 2 * h2, rel=0.1)
+
+
 @slow_ci
 def test_fit_batch_routes_agree_and_auto_loops_on_a_cpu():
     """`fit_batch` solved as a loop of compiled fits and as one vmapped batch: the same fits

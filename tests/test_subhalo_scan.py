@@ -536,12 +536,54 @@ def test_dask_tasks_of_two_scans_with_one_set_up_have_keys_of_their_own(monkeypa
             return self.key
 
     monkeypatch.setattr(distributed, "as_completed", lambda futures: list(futures))
-    setup = ("the", "set-up")
+    setup = _cells.CellSetup(*("the set-up",) * 9)
     centres, uv = np.zeros((3, 2)), np.zeros((3, 2))
     for _ in range(2):
         done = dict(_cells._on_dask(Client(), setup, centres, uv, [0, 1, 2]))
         assert sorted(done) == [0, 1, 2] and [done[i] for i in range(3)] == keys[-3:]
     assert len(set(keys)) == 6
+
+
+@pytest.mark.precision_independent
+def test_cells_are_fitted_in_units_of_the_smooth_models_errors(tmp_path):
+    """The cell fit's preconditioner (`cell_scale`): the smooth model's errors in the fit's
+    coordinates for the parameters both share (at most `MAX_SCALE`: a direction the
+    evidence leaves flat), `SUBHALO_SCALE` for the subhalo's; a checkpoint written by a
+    scan of the other kind (or before the preconditioner, without the key) is refused."""
+    from equilens.solve._laplace import LaplaceEvidence
+    from equilens.subhalo import _cells
+
+    ev = LaplaceEvidence(
+        log_evidence=0.0,
+        model=None,
+        covariance=np.eye(2),
+        names=(".mass.theta_E", ".mass.e1"),
+        newton_steps=0,
+        floored=0,
+        negative=0,
+        gradient_norm=0.0,
+        raw_errors=np.array([1e-4, 50.0]),
+    )
+    names = (".mass.theta_E", ".mass.e1", ".sub.log10_mass", ".sub.u")
+    scale = _cells.cell_scale(ev, names)
+    np.testing.assert_array_equal(
+        scale, [1e-4, _cells.MAX_SCALE, _cells.SUBHALO_SCALE, _cells.SUBHALO_SCALE]
+    )
+    header = {
+        "format": _cells.CHECKPOINT_FORMAT,
+        "kind": "tnfw",
+        "mass_range": [6.0, 11.0],
+        "half": 0.5,
+        "centres": [[0.0, 0.0]],
+        "smooth_log_evidence": 1.0,
+        "start_grid": 0,
+        "start_masses": [],
+    }
+    path = tmp_path / "cells.jsonl"
+    path.write_text(json.dumps({"header": header}) + "\n")  # (no "preconditioned")
+    assert _cells._read_checkpoint(path, {**header, "preconditioned": False}) == []
+    with pytest.raises(ValueError, match="another preconditioned"):
+        _cells._read_checkpoint(path, {**header, "preconditioned": True})
 
 
 @pytest.mark.precision_independent

@@ -3,7 +3,7 @@ CPU, vmapped on an accelerator, split over devices with `mesh=`; `batch_route`),
 `multi_start` and `sample_starts`."""
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import equinox as eqx
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from jax.sharding import Mesh
-from jaxtyping import PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from .._checks import is_traced
 from .._resources import check_memory_maps
@@ -20,7 +20,7 @@ from .._sharding import check_mesh, lapack_batches_deadlock, replicate, shard, s
 from ..objective import Objective
 from ..objective._params import Bounds, Where
 from ..terms import UniformPrior
-from ._fit import _fit_core, _how, _limits, _prepare, _result, _strong
+from ._fit import _fit_core, _how, _limits, _prepare, _result, _scale, _strong
 from ._result import RESULTS, FitResult
 from ._solvers import IMPLICIT, SolverLike, _default_tol, _progress
 
@@ -43,6 +43,7 @@ def fit_batch(
     mesh: Mesh | None = None,
     covariance: bool = True,
     route: BatchRoute = "auto",
+    scale: Float[np.ndarray, " n"] | Float[Array, " n"] | Sequence[float] | None = None,
 ) -> FitResult:
     """Fits a batch of starting models (array leaves with a leading batch axis, e.g. from
     `jax.tree.map(lambda *x: jnp.stack(x), *models)`) in one `vmap`-ed solve.
@@ -67,7 +68,8 @@ def fit_batch(
     jaxlib's batched LAPACK kernels deadlock when several CPU devices run them at once
     (`equilens.shard` docs); the results are the same.
 
-    `covariance=False` skips each element's covariance (as in `fit`).
+    `covariance=False` skips each element's covariance (as in `fit`); `scale` (one
+    value per free scalar, shared by every element) preconditions each fit as in `fit`.
 
     `route` says how the batch is solved: `"vmap"` (one vectorised program per chunk, as
     above), `"loop"` (one compiled single fit, the program `fit` itself runs, called once
@@ -106,10 +108,13 @@ def fit_batch(
 
     limits = _limits(_index(raw0, 0), max_steps, rtol, atol)
     how = _how(IMPLICIT, None, covariance, max_steps)
+    unit = _scale(scale, _index(raw0, 0))
 
     @eqx.filter_vmap(in_axes=(obj_axes, 0, 0))
     def run(obj, tmpl, r0):
-        return _fit_core(kind, solver_obj, obj, param, tmpl, r0, limits, _progress(0, -1), how)
+        return _fit_core(
+            kind, solver_obj, obj, param, tmpl, r0, limits, _progress(0, -1), how, unit
+        )
 
     n = jtu.tree_leaves(raw0)[0].shape[0]
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
@@ -133,6 +138,7 @@ def fit_batch(
                 limits,
                 _progress(0, -1),
                 how,
+                unit,
             )
             return jax.block_until_ready(out)
 

@@ -193,10 +193,12 @@ def smoothed_value_hessian(
     positive definite) and the step used, in sigma."""
     diag = np.abs(np.asarray(curvature, np.float64))
     sigma = np.where(diag > 0, 1.0 / np.sqrt(np.where(diag > 0, diag, 1.0)), 1e-3)
-    scale, widened = float(step), 0
+    scale, widened, taken = float(step), 0, 0
     steps = scale * sigma
     hess, cov = None, None
-    for _ in range(max(int(rounds), 1) + SMOOTHING_WIDENINGS):
+    # `rounds` positive-definite rounds at most, each not positive-definite one taken
+    # again over doubled steps (at most `SMOOTHING_WIDENINGS` times in all)
+    while True:
         hess = _value_hessian(f, z0, steps, values)
         cov = _inverse_pd(hess)
         if cov is None:
@@ -204,8 +206,9 @@ def smoothed_value_hessian(
                 break
             widened, scale, steps = widened + 1, 2.0 * scale, 2.0 * steps
             continue
+        taken += 1
         steps, previous = scale * np.sqrt(np.diagonal(cov)), steps
-        if np.all(np.abs(steps / previous - 1) < 0.1):
+        if taken >= max(int(rounds), 1) or np.all(np.abs(steps / previous - 1) < 0.1):
             break
     assert hess is not None
     return hess, cov, scale

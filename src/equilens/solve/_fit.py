@@ -1,16 +1,18 @@
 """`fit`: minimise an objective over the free parameters of a model, on device."""
 
+import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 import optimistix as optx
 from jax.flatten_util import ravel_pytree
-from jaxtyping import Array, PyTree
+from jaxtyping import Array, Float, PyTree
 
 from .._checks import is_traced
 from .._resources import check_memory_maps
@@ -36,26 +38,34 @@ from ._solvers import (
 
 @eqx.filter_jit
 @eqx.debug.assert_max_traces(max_traces=None)
-def _fit_core(kind, solver, objective, param, template, raw0, limits, progress, how):
+def _fit_core(kind, solver, objective, param, template, raw0, limits, progress, how, scale=None):
     # `limits` (max_steps, rtol, atol) and the progress bar's period and id are arrays:
     # changing them does not compile the fit again. `how`: optimistix's `adjoint` and
-    # `options`, and whether to compute the covariance.
+    # `options`, and whether to compute the covariance. `scale`: None, or the flat array of
+    # `fit`'s `scale` (the solver then iterates on the parameters in those units).
     adjoint, options, covariance, static_steps = how
     max_steps, rtol, atol = limits
     z0, unravel = ravel_pytree(raw0)
-
-    def model_at(z, tmpl):
-        return param.to_model(unravel(z), tmpl)
-
     # Minimisers see (objective - reference) / n_data: the same minimum, with a gradient and
     # a value of order one (0.5 reduced chi2 for Gaussian data), which suits their unit
     # initial Hessian and their relative stopping rules. The reference is the normalisation
     # constant of a least-squares objective, else the value at the start.
     n_scale = max(objective.n_data, 1)
+    if scale is None:
+        unit = None
+    elif kind == "least_squares":
+        unit = scale  # J^T J in units of the errors: about the identity
+    else:
+        unit = scale * math.sqrt(n_scale)  # the Hessian of the value below: about the identity
+
+    def model_at(y, tmpl):
+        return param.to_model(unravel(y if unit is None else y * unit), tmpl)
+
+    y0 = z0 if unit is None else z0 / unit
     if objective.least_squares:
         ref = objective.constant()
     else:
-        ref = jax.lax.stop_gradient(objective(model_at(z0, template)))
+        ref = jax.lax.stop_gradient(objective(model_at(y0, template)))
 
     def residuals(z, args):
         obj, tmpl, _ = args
@@ -80,7 +90,7 @@ def _fit_core(kind, solver, objective, param, template, raw0, limits, progress, 
         watched = _WatchedMinimiser(solver=solver, max_steps=max_steps, progress=progress)  # pyright: ignore[reportCallIssue]
     args = (objective, template, ref)
     sol = entry(
-        fn, watched, z0, args, options, max_steps=static_steps, adjoint=adjoint, throw=False
+        fn, watched, y0, args, options, max_steps=static_steps, adjoint=adjoint, throw=False
     )
     res = RESULTS.promote(sol.result)
     best = objective.complete(model_at(sol.value, template))
@@ -154,6 +164,7 @@ def fit(
     covariance: bool = True,
     adjoint: optx.AbstractAdjoint = IMPLICIT,
     options: dict[str, Any] | None = None,
+    scale: Float[np.ndarray, " n"] | Float[Array, " n"] | Sequence[float] | None = None,
 ) -> FitResult:
     """Fits `model` by minimising `objective` over its free parameters, on device.
 
@@ -188,6 +199,13 @@ def fit(
       objective or of the model's fixed parameters by the implicit function theorem
       (`jax.grad` of a function that calls `fit(..., throw=False)`; the fit must have
       converged). `options` go to the solver.
+    - `scale`: None, or the expected 1-sigma size of each free parameter's change in the
+      fit's unconstrained coordinates (positive, one per free scalar, ordered as the
+      result's `names`; e.g. `LaplaceEvidence.raw_errors` of an earlier fit of a like
+      model): the solver then iterates on the parameters in those units, where the
+      Hessian is about the identity, as a quasi-Newton solver's first guess is (a
+      preconditioner: the same minimum, fewer steps when the parameters' errors differ by
+      orders of magnitude). The model a fit starts from and returns are unchanged.
 
     Any optimistix solver works, wrappers included: the solver's `postprocess` gives the
     result (`optimistix.BestSoFarMinimiser(optimistix.BFGS(...))` returns the best point
@@ -215,11 +233,21 @@ def fit(
     raw0 = param.to_raw(model)
     limits = _limits(raw0, max_steps, rtol, atol)
     how = _how(adjoint, options, covariance, max_steps)
+    unit = _scale(scale, raw0)
     traced = any(is_traced(x) for x in jtu.tree_leaves((objective, model)))
     bar_id, every = _open_bar(progress and not traced, max_steps, name)
     try:
         out = _fit_core(
-            kind, solver_obj, objective, param, model, raw0, limits, _progress(every, bar_id), how
+            kind,
+            solver_obj,
+            objective,
+            param,
+            model,
+            raw0,
+            limits,
+            _progress(every, bar_id),
+            how,
+            unit,
         )
         if not traced:
             jax.block_until_ready(out)
@@ -243,6 +271,23 @@ def fit(
     if throw:
         _raise_if_failed(result)
     return result
+
+
+def _scale(scale: Any, raw0: PyTree[Any]) -> Array | None:
+    """`fit`'s `scale` checked (one positive finite value per free scalar) as an array in
+    the parameters' dtype, or None."""
+    if scale is None:
+        return None
+    z0, _ = ravel_pytree(raw0)
+    s = np.asarray(scale, np.float64)
+    if s.shape != z0.shape:
+        raise ValueError(
+            f"scale must hold one value per free scalar (shape ({z0.shape[0]},), ordered as "
+            f"the result's names), got shape {s.shape}"
+        )
+    if not np.all(np.isfinite(s) & (s > 0)):
+        raise ValueError(f"scale must be positive and finite, got {s}")
+    return jnp.asarray(s, z0.dtype)
 
 
 def _how(adjoint: Any, options: dict[str, Any] | None, covariance: bool, max_steps: int):

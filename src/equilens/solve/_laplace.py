@@ -60,7 +60,9 @@ class LaplaceEvidence(eqx.Module):
     `gradient_norm` (`|dF/dz|` at the end: small when the mode was found);
     `smoothing_step` (with `smoothed=True`, the step of the values' central differences
     in units of the errors: 1, or 2 or 4 where the values over narrower steps did not give
-    a positive-definite Hessian; NaN without smoothing).
+    a positive-definite Hessian; NaN without smoothing); `raw_errors` (the 1-sigma errors
+    in the unconstrained coordinates, ordered as `names`: a `scale` for `equilens.fit` of
+    a like model).
     """
 
     log_evidence: float
@@ -72,6 +74,7 @@ class LaplaceEvidence(eqx.Module):
     negative: int
     gradient_norm: float
     smoothing_step: float = math.nan
+    raw_errors: np.ndarray | None = None
 
 
 def _log_norm(param: Parametrisation, model: PyTree[Any]) -> float:
@@ -254,4 +257,5 @@ def laplace_evidence(
         negative=negative,
         gradient_norm=float(np.linalg.norm(g)),
         smoothing_step=smoothing,
+        raw_errors=np.sqrt(np.diagonal(cov_z)),
     )

@@ -1,15 +1,14 @@
 """How the cells of a subhalo scan run (`subhalo_scan`): each cell's fit from what every cell
-shares (the set-up tuple: the objective, the cell objective with the subhalo's priors, the
-template model, solver, free parameters, bounds, step limit, evidence function and quiet
-mass), in this process, vectorised (`fit_batch`) or as Dask tasks; the quiet restart; its
-Laplace evidence; the checkpoint's records written as they finish and read back."""
+shares (`CellSetup`), in this process, vectorised (`fit_batch`) or as Dask tasks; the
+quiet restart; its Laplace evidence; the checkpoint's records written as they finish and
+read back."""
 
 import json
 import math
 import os
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -36,12 +35,49 @@ MAX_STEPS_STATUS = "successful (the fit reached max_steps; evidence from where i
 CHECKPOINT_FORMAT = 1
 
 
+class CellSetup(NamedTuple):
+    """What every cell of a scan shares: the scan's `objective`, the `cell_objective` (it
+    plus the subhalo's priors), the `template` model (the smooth model plus a subhalo),
+    the fit's `solver`, `free` parameters, `bounds` and `max_steps`, the `evidence`
+    function, the `quiet` log10 mass (`_no_worse_than_smooth`) and the fit's `scale`
+    (`equilens.fit`'s preconditioner, ordered as the cell's free parameters; or None)."""
+
+    objective: Objective
+    cell_objective: Objective
+    template: Any  # a LensSystem whose mass is a MassSum ending in the Subhalo
+    solver: str
+    free: Any
+    bounds: Mapping[Where, Bounds]
+    max_steps: int
+    evidence: Callable[..., LaplaceEvidence]
+    quiet: float
+    scale: np.ndarray | None = None
+
+
+#: The cell fit's `scale` (`equilens.fit`'s preconditioner) of the subhalo's `u`, `v` and
+#: `log10_mass` in the fit's unconstrained coordinates (logits of the cell and the mass
+#: range): between a detected subhalo's errors (about 0.02) and an unconstrained one's
+#: (about 2, the prior's width).
+SUBHALO_SCALE = 0.03
+#: The largest `scale` taken from the smooth model's errors (a direction its evidence
+#: leaves flat has an error as wide as the floor of its Hessian's eigenvalues allows).
+MAX_SCALE = 1.0
+
+
+def cell_scale(smooth_ev: LaplaceEvidence, names: tuple[str, ...]) -> np.ndarray:
+    """The cell fit's `scale` for its free parameters `names`: the smooth model's errors in
+    the unconstrained coordinates (`smooth_ev.raw_errors`, at most `MAX_SCALE`) for the
+    parameters both share, `SUBHALO_SCALE` for the subhalo's."""
+    known = dict(zip(smooth_ev.names, np.asarray(smooth_ev.raw_errors), strict=True))
+    return np.array([min(float(known.get(n, SUBHALO_SCALE)), MAX_SCALE) for n in names])
+
+
 def _finite_or_none(v: float) -> float | None:
     return float(v) if math.isfinite(float(v)) else None
 
 
 def _run_cells(
-    setup: tuple[Any, ...],
+    setup: CellSetup,
     centres: np.ndarray,
     half: float,
     starts: np.ndarray,
@@ -61,7 +97,7 @@ def _run_cells(
     finished cell written to `checkpoint` under `key` ("cell", or "sub" for the
     refinement's sub-cells) as it finishes. Returns each cell's log-evidence, status,
     fitted model and subhalo errors."""
-    template = setup[2]
+    template = setup.template
     dtype = template.mass.components[-1].log10_mass.dtype
     n = centres.shape[0]
     log_e = np.full(n, np.nan)
@@ -129,23 +165,28 @@ def _in_cell(template: LensSystem, centre: np.ndarray, start: np.ndarray, dtype:
     return place(template, jnp.asarray(centre, dtype), jnp.asarray(start, dtype))
 
 
-def _cell_task(setup: tuple[Any, ...], centre: np.ndarray, at: np.ndarray) -> CellRecord:
+def _cell_task(setup: CellSetup, centre: np.ndarray, at: np.ndarray) -> CellRecord:
     """One cell of the scan from what every cell shares (`setup`), its centre and the
     subhalo's start in it (`at`: `(u, v, log10_mass)`): what a Dask worker runs."""
-    objective, cell_objective, template, solver, free, bounds, max_steps, evidence, _ = setup
-    dtype = template.mass.components[-1].log10_mass.dtype
-    start = _in_cell(template, centre, at, dtype)
-    fitted = _fit(cell_objective, start, solver, free, bounds, max_steps)
+    dtype = setup.template.mass.components[-1].log10_mass.dtype
+    start = _in_cell(setup.template, centre, at, dtype)
+    fitted = _fit(
+        setup.cell_objective,
+        start,
+        setup.solver,
+        setup.free,
+        setup.bounds,
+        setup.max_steps,
+        setup.scale,
+    )
     fitted = _no_worse_than_smooth(fitted, start, setup)
-    return _cell_evidence(objective, fitted, free, bounds, evidence)
+    return _cell_evidence(setup.objective, fitted, setup.free, setup.bounds, setup.evidence)
 
 
-def _vmapped(
-    setup: tuple[Any, ...], centres: np.ndarray, starts: np.ndarray, todo: list[int], mesh: Any
-):
+def _vmapped(setup: CellSetup, centres: np.ndarray, starts: np.ndarray, todo: list[int], mesh: Any):
     """`(cell, record)` of the cells `todo`: their fits as one `fit_batch` (vectorised,
     split over `mesh`'s devices), then each one's evidence."""
-    objective, cell_objective, template, solver, free, bounds, max_steps, evidence, _ = setup
+    objective, cell_objective, template, solver, free, bounds, max_steps, evidence, _, _ = setup
     dtype = template.mass.components[-1].log10_mass.dtype
     models = [_in_cell(template, centres[i], starts[i], dtype) for i in todo]
     stacked = jtu.tree_map(lambda *x: jnp.stack(x) if eqx.is_array(x[0]) else x[0], *models)
@@ -159,6 +200,7 @@ def _vmapped(
         mesh=mesh,
         covariance=False,
         route="vmap",
+        scale=setup.scale,
     )
     for k, i in enumerate(todo):
         fitted = _no_worse_than_smooth(pick(batch, k), models[k], setup)
@@ -173,7 +215,7 @@ def _x64(enabled: bool) -> None:
 
 
 def _on_dask(
-    client: Any, setup: tuple[Any, ...], centres: np.ndarray, starts: np.ndarray, todo: list[int]
+    client: Any, setup: CellSetup, centres: np.ndarray, starts: np.ndarray, todo: list[int]
 ):
     """`(cell, record)` of the cells `todo` as Dask's workers finish them. The shared set-up
     is sent to every worker once (`scatter(broadcast=True)`): each worker's tasks get the
@@ -210,10 +252,11 @@ def _fit(
     free: Any,
     bounds: Mapping[Where, Bounds] | None,
     max_steps: int,
+    scale: np.ndarray | None = None,
 ) -> FitResult:
     """The scan's fit of `objective` from `start`, failures returned, not raised, and no
     covariance: a cell's (the scan's objective with the subhalo's priors in the fit's
-    coordinates) or the smooth model's."""
+    coordinates) or the smooth model's; `scale` as in `fit`."""
     return fit(
         objective,
         start,
@@ -223,6 +266,7 @@ def _fit(
         max_steps=max_steps,
         throw=False,
         covariance=False,
+        scale=scale,
     )
 
 
@@ -231,15 +275,13 @@ def _value(objective: Objective, model: Any) -> Any:
     return objective(model)
 
 
-def _no_worse_than_smooth(
-    fitted: FitResult, start: LensSystem, setup: tuple[Any, ...]
-) -> FitResult:
+def _no_worse_than_smooth(fitted: FitResult, start: LensSystem, setup: CellSetup) -> FitResult:
     """`fitted`, or the fit from the quiet start (`start` with the subhalo of the set-up's
     quiet log10 mass: the smooth model) when `fitted` ended worse than that start: a model
     with a subhalo holds the smooth one, so its fit must do at least as well (from the
     start at 1e9 Msun, a fit can stop in a worse local minimum: a subhalo at the mask's
     edge, the macro model pulled away); the better of the two is kept."""
-    _, cell_objective, _, solver, free, bounds, max_steps, _, quiet = setup
+    cell_objective, quiet = setup.cell_objective, setup.quiet
     low = eqx.tree_at(
         lambda s: s.mass.components[-1].log10_mass,
         start,
@@ -248,7 +290,15 @@ def _no_worse_than_smooth(
     at_fit = float(_value(cell_objective, fitted.model))
     if at_fit <= float(_value(cell_objective, low)):
         return fitted
-    again = _fit(cell_objective, low, solver, free, bounds, max_steps)
+    again = _fit(
+        cell_objective,
+        low,
+        setup.solver,
+        setup.free,
+        setup.bounds,
+        setup.max_steps,
+        setup.scale,
+    )
     value = float(_value(cell_objective, again.model))
     return again if math.isfinite(value) and not value >= at_fit else fitted
 
@@ -304,8 +354,10 @@ def _read_checkpoint(path: Any, header: dict[str, Any]) -> list[dict[str, Any]] 
         raise ValueError(f"{path} is not a subhalo scan checkpoint")
     # (a header without the start grid's keys was written before it existed: every cell
     # started at its centre, as with start_grid=0)
-    old = {"start_grid": 0, "start_masses": [], **lines[0]["header"]}
-    for key in ("format", "kind", "mass_range", "centres", "start_grid", "start_masses"):
+    # (and without "preconditioned", before the cell fits were: not preconditioned)
+    old = {"start_grid": 0, "start_masses": [], "preconditioned": False, **lines[0]["header"]}
+    keys = ("format", "kind", "mass_range", "centres", "start_grid", "start_masses")
+    for key in (*keys, "preconditioned"):
         if old.get(key) != header[key]:
             raise ValueError(
                 f"{path} holds a scan with another {key}: remove it or pass another checkpoint"

@@ -42,10 +42,12 @@ from ..terms import LogEvidence, LogisticPrior
 from ._cells import (
     CHECKPOINT_FORMAT,
     QUIET_DEX,
+    CellSetup,
     _finite_or_none,
     _fit,
     _read_checkpoint,
     _run_cells,
+    cell_scale,
 )
 from ._grid import scan_cells, tile
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
@@ -256,6 +258,7 @@ def subhalo_scan(
     bounds: Mapping[Where, Bounds] | None = None,
     solver: str | None = None,
     max_steps: int = 500,
+    precondition: bool = True,
     smoothed: bool | None = None,
     refit_smooth: bool = True,
     smooth_starts: int = 3,
@@ -305,6 +308,10 @@ def subhalo_scan(
       functions see the model with its mass as a `MassSum`.
     - `solver`: default `"lm"` for a least-squares objective, else `"bfgs"`;
       `max_steps` per cell.
+    - `precondition`: fit each cell in units of the smooth model's errors (`equilens.fit`'s
+      `scale`: its Laplace evidence's `raw_errors`, `SUBHALO_SCALE` for the subhalo's
+      parameters), where a quasi-Newton solver's unit first Hessian is about right: the
+      same minima in fewer steps (measured in docs/performance.md). Default True.
     - `smoothed`: the evidence's Hessian from its values over 1-sigma steps
       (`laplace_evidence(smoothed=True)`: for an evidence rough on small scales, a
       pixelized source's); default True when the objective has a `LogEvidence` term.
@@ -437,6 +444,7 @@ def subhalo_scan(
         "smooth_log_evidence": smooth_ev.log_evidence,
         "start_grid": start_grid,
         "start_masses": sorted({float(m) for m in candidates[:, 2]}),
+        "preconditioned": bool(precondition),
     }
     records = _read_checkpoint(checkpoint, header)
     if checkpoint is not None and records is None:
@@ -446,7 +454,7 @@ def subhalo_scan(
     param = parametrisation(objective, template, sub_free, sub_bounds)
     # the quiet start: a subhalo of negligible mass (QUIET_DEX above the prior's lower
     # bound), where the cell model is the smooth model
-    setup = (
+    setup = CellSetup(
         objective,
         cell_objective,
         template,
@@ -456,6 +464,7 @@ def subhalo_scan(
         max_steps,
         evidence,
         lo + QUIET_DEX,
+        cell_scale(smooth_ev, param.paths(template)) if precondition else None,
     )
     run = functools.partial(
         _run_cells,
@@ -497,7 +506,7 @@ def subhalo_scan(
             best,
             (jnp.asarray(sub_half, dtype), jnp.zeros((), dtype), jnp.zeros((), dtype)),
         )
-        sub_setup = (*setup[:2], sub_template, *setup[3:])
+        sub_setup = setup._replace(template=sub_template)
         say(f"refining cell {scan.best_index + 1} with {refine} x {refine} sub-cells")
         done = {
             int(r["sub"]): r
