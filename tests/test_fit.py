@@ -361,7 +361,7 @@ class _Stiff(el.terms.AbstractTerm):
 def test_fit_scale_preconditions_the_solver_to_the_same_minimum_in_fewer_steps():
     """`fit(scale=...)`: the solver iterates in units of the given errors; the same minimum,
     fewer steps where the errors differ by orders of magnitude; `fit_batch` likewise;
-    a scale of the wrong shape or not positive is refused."""
+    the start kept to the bit; a scale of the wrong shape or not positive is refused."""
     objective = el.Objective(_Stiff())
     start = _Point(jnp.asarray(0.2999), jnp.asarray(1.5))
     plain = el.fit(objective, start, "bfgs", max_steps=500, covariance=False, throw=False)
@@ -381,6 +381,14 @@ def test_fit_scale_preconditions_the_solver_to_the_same_minimum_in_fewer_steps()
     assert float(batch.value[0]) == float(scaled.value)
     assert int(batch.num_steps[0]) == int(scaled.num_steps)
     assert all(el.solve.pick(batch, i).success for i in range(2))
+    # the start is where the scaled solver begins, to the bit (its offset from the start is
+    # what it iterates on: start / scale * scale could be an ulp away)
+    rng = np.random.default_rng(3)
+    for a, b, sa, sb in rng.uniform([-2, -2, 1e-4, 1e-4], [2, 2, 1, 1], (20, 4)):
+        odd = _Point(jnp.asarray(a), jnp.asarray(b))
+        still = el.fit(objective, odd, "bfgs", max_steps=0, covariance=False, throw=False,
+                       scale=[sa, sb])  # fmt: skip
+        assert float(still.model.a) == float(odd.a) and float(still.model.b) == float(odd.b)
     for bad, match in (([1.0], "one value per free scalar"), ([1.0, 0.0], "positive")):
         with pytest.raises(ValueError, match=match):
             el.fit(objective, start, "bfgs", scale=bad)

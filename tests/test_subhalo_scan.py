@@ -423,7 +423,7 @@ def test_scan_on_a_dask_cluster_of_two_workers_equals_the_scan_in_one_process():
     assert there.smooth_log_evidence == pytest.approx(here.smooth_log_evidence, rel=1e-12)
 
 
-@slow_ci  # (the start grid is off by default; 10 s a precision)
+@slow_ci  # (10 s a precision)
 def test_a_cells_fit_starts_from_the_best_of_its_start_grid():
     """The start grid's candidates tile the cell and keep the masses inside the prior; on a
     lens with a 10^9.7 Msun subhalo at (0, 0.9)" in a cell centred at (0.2, 0.7)" (half-width
@@ -431,7 +431,7 @@ def test_a_cells_fit_starts_from_the_best_of_its_start_grid():
     far better than the default start at the cell's centre; a cell without a subhalo keeps
     a small mass (or the default)."""
     from equilens.subhalo._scan import _as_sum, with_subhalo
-    from equilens.subhalo._seed import best_starts, start_candidates
+    from equilens.subhalo._seed import best_starts, cell_starts, start_candidates
 
     cand = start_candidates(3, (6.0, 8.0, 9.5, 10.0, 11.0), (6.0, 11.0))
     assert cand.shape == (27, 3)  # 9 positions x the 3 masses strictly inside the bounds
@@ -467,6 +467,64 @@ def test_a_cells_fit_starts_from_the_best_of_its_start_grid():
     tol = 1e-9 if X64 else 1e-4
     assert values[0] == pytest.approx(float(objective(at(centres[0], starts[0]))), rel=tol)
     assert float(objective(at(centres[0], defaults[0]))) > values[0] + 10
+
+    # as the scan takes them (`cell_starts`): the default start first, the grid's best as a
+    # second start where it beats the default and the quiet start (the smooth model), NaN
+    # where not; one start a cell without a grid, and none added to a cell already done
+    lines = []
+    both = cell_starts(objective, template, centres, cand, defaults, 6.5, {}, lines.append)
+    assert both.shape == (2, 2, 3)
+    np.testing.assert_array_equal(both[:, 0], defaults)
+    np.testing.assert_array_equal(both[0, 1], starts[0])
+    quiet = float(objective(at(centres[1], [0.0, 0.0, 6.5])))
+    if values[1] < quiet and not np.array_equal(starts[1], defaults[1]):
+        np.testing.assert_array_equal(both[1, 1], starts[1])
+    else:
+        assert np.all(np.isnan(both[1, 1]))
+    assert "second start" in lines[0]
+    one = cell_starts(objective, template, centres, cand[:0], defaults, 6.5, {}, lines.append)
+    np.testing.assert_array_equal(one, defaults[:, None, :])
+    done = cell_starts(objective, template, centres, cand, defaults, 6.5, {0: {}}, lines.append)
+    assert np.all(np.isnan(done[0, 1]))
+
+
+@pytest.mark.precision_independent
+def test_a_cell_with_two_starts_keeps_the_fit_that_ends_lower():
+    """`_cell_task`'s choice between a cell's fits (`_better`): the lowest cell objective,
+    a fit whose value is not finite never chosen while another is (`_lowest`); a cell's
+    starts are its finite rows (a NaN row is no start; one row is one start)."""
+    from equilens.subhalo._cells import _lowest, _rows
+
+    nan = float("nan")
+    assert _lowest([3.0, 1.0, nan]) == 1
+    assert _lowest([nan, 1.0, 3.0]) == 1
+    assert _lowest([nan, 5.0]) == 1
+    assert _lowest([float("inf"), 5.0]) == 1
+    assert _lowest([nan]) == 0
+    rows = _rows(np.array([[0.0, 0.1, 9.0], [np.nan] * 3]))
+    assert len(rows) == 1 and rows[0].tolist() == [0.0, 0.1, 9.0]
+    assert len(_rows(np.array([0.5, -0.5, 8.0]))) == 1
+
+
+@slow_ci
+def test_the_vectorised_scan_equals_the_loop_with_two_starts_a_cell():
+    """The cells' vectorised route (`route="vmap"`: every cell's fits from all its starts as
+    one `fit_batch`) gives the loop's Delta log E and subhalo, with the start grid's second
+    starts (the cell holding the injected subhalo gets one)."""
+    objective, start = _lens(True)
+    smooth = el.fit(objective, start, covariance=False)
+    centres = np.asarray([[0.1, 0.8], [-0.8, -0.6]])
+    kw = dict(
+        grid=centres, half=0.3, kind="pseudo_jaffe", refine=0, smooth_starts=0, progress=False
+    )
+    lines = []
+    loop = subhalo_scan(objective, smooth, LC, route="loop", log=lines.append, **kw)
+    vmap = subhalo_scan(objective, smooth, LC, route="vmap", **kw)
+    assert any("second start" in line and not line.startswith("start grid: 0") for line in lines)
+    tol = 1e-6 if X64 else 1e-2
+    np.testing.assert_allclose(vmap.delta_log_evidence, loop.delta_log_evidence, atol=tol)
+    for key in ("center_x", "center_y", "log10_mass"):
+        assert vmap.best[key] == pytest.approx(loop.best[key], abs=tol)
 
 
 def test_scan_free_holds_a_pixelized_sources_hyperparameters_alone():
@@ -581,9 +639,16 @@ def test_cells_are_fitted_in_units_of_the_smooth_models_errors(tmp_path):
     }
     path = tmp_path / "cells.jsonl"
     path.write_text(json.dumps({"header": header}) + "\n")  # (no "preconditioned")
-    assert _cells._read_checkpoint(path, {**header, "preconditioned": False}) == []
+    now = {**header, "preconditioned": False, "second_start": False}
+    assert _cells._read_checkpoint(path, now) == []
     with pytest.raises(ValueError, match="another preconditioned"):
-        _cells._read_checkpoint(path, {**header, "preconditioned": True})
+        _cells._read_checkpoint(path, {**now, "preconditioned": True})
+    # a start grid's checkpoint from before its best became a second start (it replaced the
+    # cell's default start) is refused by a scan with the grid now
+    grid = {**header, "start_grid": 3, "start_masses": [9.0]}
+    path.write_text(json.dumps({"header": grid}) + "\n")
+    with pytest.raises(ValueError, match="another second_start"):
+        _cells._read_checkpoint(path, {**grid, "preconditioned": False, "second_start": True})
 
 
 @pytest.mark.precision_independent

@@ -247,9 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     shp.add_argument(
         "--start-grid",
         type=int,
-        default=0,
-        help="N: each cell's fit starts from the best of N x N positions x 8 masses, the macro "
-        "model held (default 0: from the cell's centre at 1e9 Msun)",
+        default=3,
+        help="N: each cell is fitted from its centre at 1e9 Msun and, where it beats that start "
+        "and the smooth model with the macro model held, from the best of N x N positions x 8 "
+        "masses, the better fit kept (default 3; 0: from the centre alone)",
     )
     shp.add_argument(
         "--kind",

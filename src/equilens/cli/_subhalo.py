@@ -76,7 +76,7 @@ def run_subhalo(
     grid: int = 5,
     refine: int = 3,
     smooth_starts: int = 3,
-    start_grid: int = 0,
+    start_grid: int = 3,
     solver: str = "lm",
     max_steps: int | None = None,
     mesh: str | None = None,

@@ -58,10 +58,12 @@ def _fit_core(kind, solver, objective, param, template, raw0, limits, progress, 
     else:
         unit = scale * math.sqrt(n_scale)  # the Hessian of the value below: about the identity
 
+    # with a scale the solver iterates on the offset from the start in those units, so the
+    # start is z0 itself (z0 / unit * unit can be an ulp away)
     def model_at(y, tmpl):
-        return param.to_model(unravel(y if unit is None else y * unit), tmpl)
+        return param.to_model(unravel(y if unit is None else z0 + y * unit), tmpl)
 
-    y0 = z0 if unit is None else z0 / unit
+    y0 = z0 if unit is None else jnp.zeros_like(z0)
     if objective.least_squares:
         ref = objective.constant()
     else:

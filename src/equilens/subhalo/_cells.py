@@ -92,11 +92,11 @@ def _run_cells(
     progress: bool,
     say: Callable[..., None],
 ) -> tuple[np.ndarray, list[str], list[Any], list[dict[str, float]]]:
-    """Fits the cells `centres` (of half-width `half`, the subhalo started at `starts`: `(u,
-    v, log10_mass)` a cell) not in `done` (the checkpoint's records, by index); each
-    finished cell written to `checkpoint` under `key` ("cell", or "sub" for the
-    refinement's sub-cells) as it finishes. Returns each cell's log-evidence, status,
-    fitted model and subhalo errors."""
+    """Fits the cells `centres` (of half-width `half`, the subhalo started at `starts`: rows
+    `(u, v, log10_mass)` a cell, NaN rows none, `_cell_task`) not in `done` (the
+    checkpoint's records, by index); each finished cell written to `checkpoint` under `key`
+    ("cell", or "sub" for the refinement's sub-cells) as it finishes. Returns each cell's
+    log-evidence, status, fitted model and subhalo errors."""
     template = setup.template
     dtype = template.mass.components[-1].log10_mass.dtype
     n = centres.shape[0]
@@ -111,7 +111,8 @@ def _run_cells(
         errors[i] = rec.get("errors") or {}
         if rec["values"] is not None:
             values = unravel(jnp.asarray(rec["values"], dtype))
-            fits[i] = param.with_values(values, _in_cell(template, centres[i], starts[i], dtype))
+            at = _rows(starts[i])[0]  # (the cell's centre and the template's fixed fields)
+            fits[i] = param.with_values(values, _in_cell(template, centres[i], at, dtype))
     todo = [i for i in range(n) if i not in done]
     bar = _bar(len(todo), progress, "subhalo scan" if key == "cell" else "refinement")
     if client is not None:
@@ -167,44 +168,69 @@ def _in_cell(template: LensSystem, centre: np.ndarray, start: np.ndarray, dtype:
 
 def _cell_task(setup: CellSetup, centre: np.ndarray, at: np.ndarray) -> CellRecord:
     """One cell of the scan from what every cell shares (`setup`), its centre and the
-    subhalo's start in it (`at`: `(u, v, log10_mass)`): what a Dask worker runs."""
+    subhalo's starts in it (`at`: rows `(u, v, log10_mass)`, NaN rows skipped; one row
+    also taken): fitted from each, the better fit kept (`_better`), then its evidence.
+    What a Dask worker runs."""
     dtype = setup.template.mass.components[-1].log10_mass.dtype
-    start = _in_cell(setup.template, centre, at, dtype)
-    fitted = _fit(
-        setup.cell_objective,
-        start,
-        setup.solver,
-        setup.free,
-        setup.bounds,
-        setup.max_steps,
-        setup.scale,
-    )
+    tried = []
+    for row in _rows(at):
+        start = _in_cell(setup.template, centre, row, dtype)
+        fitted = _fit(
+            setup.cell_objective,
+            start,
+            setup.solver,
+            setup.free,
+            setup.bounds,
+            setup.max_steps,
+            setup.scale,
+        )
+        tried.append((fitted, start))
+    fitted, start = _better(tried, setup.cell_objective)
     fitted = _no_worse_than_smooth(fitted, start, setup)
     return _cell_evidence(setup.objective, fitted, setup.free, setup.bounds, setup.evidence)
 
 
+def _rows(at: np.ndarray) -> list[np.ndarray]:
+    """The starts of a cell: the finite rows of `at` (one start a row, or one row)."""
+    return [row for row in np.atleast_2d(np.asarray(at, np.float64)) if np.all(np.isfinite(row))]
+
+
+def _better(tried: list[tuple[FitResult, Any]], cell_objective: Objective) -> tuple[FitResult, Any]:
+    """The `(fit, start)` of `tried` whose fit ends lowest in `cell_objective` (`_lowest`)."""
+    return tried[_lowest([float(_value(cell_objective, r.model)) for r, _ in tried])]
+
+
+def _lowest(values: list[float]) -> int:
+    """The index of the lowest of `values`, a value that is not finite never chosen while
+    another is (0 where none is)."""
+    finite = [k for k, v in enumerate(values) if math.isfinite(v)]
+    return min(finite, key=values.__getitem__) if finite else 0
+
+
 def _vmapped(setup: CellSetup, centres: np.ndarray, starts: np.ndarray, todo: list[int], mesh: Any):
-    """`(cell, record)` of the cells `todo`: their fits as one `fit_batch` (vectorised,
-    split over `mesh`'s devices), then each one's evidence."""
-    objective, cell_objective, template, solver, free, bounds, max_steps, evidence, _, _ = setup
-    dtype = template.mass.components[-1].log10_mass.dtype
-    models = [_in_cell(template, centres[i], starts[i], dtype) for i in todo]
+    """`(cell, record)` of the cells `todo`: the fits from all their starts as one
+    `fit_batch` (vectorised, split over `mesh`'s devices), then each cell's better fit's
+    evidence."""
+    dtype = setup.template.mass.components[-1].log10_mass.dtype
+    runs = [(i, row) for i in todo for row in _rows(starts[i])]
+    models = [_in_cell(setup.template, centres[i], row, dtype) for i, row in runs]
     stacked = jtu.tree_map(lambda *x: jnp.stack(x) if eqx.is_array(x[0]) else x[0], *models)
     batch = fit_batch(
-        cell_objective,
+        setup.cell_objective,
         stacked,
-        solver,
-        free=free,
-        bounds=bounds,
-        max_steps=max_steps,
+        setup.solver,
+        free=setup.free,
+        bounds=setup.bounds,
+        max_steps=setup.max_steps,
         mesh=mesh,
         covariance=False,
         route="vmap",
         scale=setup.scale,
     )
-    for k, i in enumerate(todo):
-        fitted = _no_worse_than_smooth(pick(batch, k), models[k], setup)
-        yield i, _cell_evidence(objective, fitted, free, bounds, evidence)
+    for i in todo:
+        tried = [(pick(batch, k), models[k]) for k, (j, _) in enumerate(runs) if j == i]
+        fitted = _no_worse_than_smooth(*_better(tried, setup.cell_objective), setup)
+        yield i, _cell_evidence(setup.objective, fitted, setup.free, setup.bounds, setup.evidence)
 
 
 def _x64(enabled: bool) -> None:
@@ -354,10 +380,18 @@ def _read_checkpoint(path: Any, header: dict[str, Any]) -> list[dict[str, Any]] 
         raise ValueError(f"{path} is not a subhalo scan checkpoint")
     # (a header without the start grid's keys was written before it existed: every cell
     # started at its centre, as with start_grid=0)
-    # (and without "preconditioned", before the cell fits were: not preconditioned)
-    old = {"start_grid": 0, "start_masses": [], "preconditioned": False, **lines[0]["header"]}
+    # (and without "preconditioned", before the cell fits were: not preconditioned; without
+    # "second_start", before the start grid's best was a second start: it replaced the
+    # default start)
+    old = {
+        "start_grid": 0,
+        "start_masses": [],
+        "preconditioned": False,
+        "second_start": False,
+        **lines[0]["header"],
+    }
     keys = ("format", "kind", "mass_range", "centres", "start_grid", "start_masses")
-    for key in (*keys, "preconditioned"):
+    for key in (*keys, "preconditioned", "second_start"):
         if old.get(key) != header[key]:
             raise ValueError(
                 f"{path} holds a scan with another {key}: remove it or pass another checkpoint"

@@ -51,7 +51,7 @@ from ._cells import (
 )
 from ._grid import scan_cells, tile
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
-from ._seed import START_MASSES, best_starts, start_candidates
+from ._seed import START_MASSES, cell_starts, start_candidates
 from ._smooth import _as_sum, smooth_refits
 
 
@@ -251,7 +251,7 @@ def subhalo_scan(
     kind: SubhaloKind = "tnfw",
     mass_range: tuple[float, float] = MASS_RANGE,
     start_log10_mass: float = 9.0,
-    start_grid: int = 0,
+    start_grid: int = 3,
     start_masses: Sequence[float] = START_MASSES,
     host_theta_E: float | None = None,
     free: PyTree[bool] | Callable[[Any], bool] | None = None,
@@ -289,14 +289,16 @@ def subhalo_scan(
       `MASS_RANGE`, 1e6-1e11); `start_log10_mass`: each cell fit's start (a fit that
       ends worse than the cell model with a negligible subhalo, `QUIET_DEX` above the
       lower bound, is done again from there and the better kept: a subhalo model holds
-      the smooth one); `start_grid`, `start_masses`: each cell's fit starts from the best
-      (by the cell fit's objective, the macro model and source held at the smooth fit) of
-      the subhalo at the centres of `start_grid` x `start_grid` sub-squares of the cell
-      times `start_masses` (log10 Msun, those inside `mass_range`) and of the start above
-      (a global search over the subhalo where the local fit would stop in the nearest of
-      a rough evidence's local optima: `equilens.subhalo._seed`; default 0: none, the
-      cell's centre at `start_log10_mass`; not a uniform improvement, see
-      docs/subhalo.md; it needs the smooth model at its mode, as `refit_smooth` makes
+      the smooth one); `start_grid`, `start_masses`: each cell is also fitted from a
+      second start, the best (by the cell fit's objective, the macro model and source
+      held at the smooth fit) of the subhalo at the centres of `start_grid` x
+      `start_grid` sub-squares of the cell times `start_masses` (log10 Msun, those inside
+      `mass_range`), where it beats both the start above and the smooth model (a quiet
+      subhalo), and the better of the two fits is kept (a global search over the
+      subhalo where a local fit stops in the nearest of a rough evidence's local optima;
+      neither start is better everywhere: `equilens.subhalo._seed`, docs/subhalo.md);
+      default 3; 0: one start, the cell's centre at `start_log10_mass`. The grid's start
+      needs the smooth model at its mode, as `refit_smooth` makes
       it: far from it, a heavy subhalo can stand in for the macro model's error);
       `host_theta_E`: the host's Einstein radius (arcsec) for the
       subhalo's truncation, default the smooth model's first mass component's `theta_E`.
@@ -445,6 +447,8 @@ def subhalo_scan(
         "start_grid": start_grid,
         "start_masses": sorted({float(m) for m in candidates[:, 2]}),
         "preconditioned": bool(precondition),
+        # (the start grid's best is a second start, the default start kept: since 2026-12-04)
+        "second_start": bool(start_grid),
     }
     records = _read_checkpoint(checkpoint, header)
     if checkpoint is not None and records is None:
@@ -481,7 +485,9 @@ def subhalo_scan(
     )
     done = {int(r["cell"]): r for r in records if "cell" in r}
     first = np.tile([0.0, 0.0, float(start_log10_mass)], (len(centres), 1))
-    starts = _starts(cell_objective, template, centres, candidates, first, done, say)
+    starts = cell_starts(
+        cell_objective, template, centres, candidates, first, setup.quiet, done, say
+    )
     cells = run(setup, centres, half, starts, done, "cell")
     scan = _summary(centres, half, cells, smooth_ev, kind, cosmology, (lo, hi), len(done))
     best = scan.fits[scan.best_index]
@@ -516,7 +522,9 @@ def subhalo_scan(
             and np.allclose(r["center"], sub_centres[int(r["sub"])], rtol=0, atol=1e-9)
             and math.isclose(r["half"], sub_half, rel_tol=1e-9)
         }
-        starts = _starts(cell_objective, sub_template, sub_centres, candidates, first, done, say)
+        starts = cell_starts(
+            cell_objective, sub_template, sub_centres, candidates, first, setup.quiet, done, say
+        )
         sub_cells = run(sub_setup, sub_centres, sub_half, starts, done, "sub")
         refined = _summary(
             sub_centres, sub_half, sub_cells, smooth_ev, kind, cosmology, (lo, hi), len(done)
@@ -586,31 +594,6 @@ def _summary(
         resumed=resumed,
         mass_range=mass_range,
     )
-
-
-def _starts(
-    cell_objective: Objective,
-    template: LensSystem,
-    centres: np.ndarray,
-    candidates: np.ndarray,
-    first: np.ndarray,
-    done: Mapping[int, Any],
-    say: Callable[[str], None],
-) -> np.ndarray:
-    """The cells' starts `(u, v, log10_mass)`: `first`, or for the cells not `done` the best
-    of it and the `candidates` (`best_starts`)."""
-    todo = [i for i in range(len(centres)) if i not in done]
-    if not len(candidates) or not todo:
-        return first
-    t0 = time.perf_counter()
-    starts = np.array(first)
-    starts[todo], _ = best_starts(cell_objective, template, centres[todo], candidates, first[todo])
-    moved = int(np.sum(np.any(starts[todo] != first[todo], axis=1)))
-    say(
-        f"start grid: the best of {len(candidates) + 1} starts in each of {len(todo)} cells "
-        f"({moved} away from the default start; {time.perf_counter() - t0:.0f} s)"
-    )
-    return starts
 
 
 def _cells(objective: Objective, grid: Any, half: float | None) -> tuple[np.ndarray, float]:

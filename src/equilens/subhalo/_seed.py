@@ -1,6 +1,7 @@
-"""Where each cell's fit of a subhalo scan starts (`subhalo_scan(start_grid=...)`): the best
-of a grid of subhalo positions in the cell and masses, the macro model and source held at
-the smooth model's fit.
+"""Where each cell's fit of a subhalo scan starts (`subhalo_scan(start_grid=...)`): the
+cell's default start and, as a second start, the best of a grid of subhalo positions in the
+cell and masses, the macro model and source held at the smooth model's fit, where that
+candidate beats both the default start and the smooth model.
 
 A pixelized source's evidence is rough on small scales (traced pixels cross the mesh's cells
 as the mass changes): a quasi-Newton fit of a cell started at one point (the cell's centre,
@@ -8,10 +9,13 @@ as the mass changes): a quasi-Newton fit of a cell started at one point (the cel
 whose subhalo would sit elsewhere in it is not found. The grid is a global search over the
 subhalo's three parameters at the price of a few dozen evaluations of the objective per
 cell (one vectorised program, compiled once for every cell), before the local fit refits the
-macro model with the subhalo.
+macro model with the subhalo. Neither start is better everywhere (docs/subhalo.md: a fit
+from the grid's best can stall where the default start's reached the subhalo, and the
+reverse), so a cell with two starts is fitted from both and keeps the better fit.
 """
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -84,3 +88,39 @@ def best_starts(
         if np.isfinite(v[k]):
             starts[i], values[i] = pool[k], v[k]
     return starts, values
+
+
+def cell_starts(
+    objective: Objective,
+    template: Any,
+    centres: Float[np.ndarray, "cells 2"],
+    candidates: Float[np.ndarray, "k 3"],
+    first: Float[np.ndarray, "cells 3"],
+    quiet: float,
+    done: Mapping[int, Any],
+    say: Callable[[str], None],
+) -> Float[np.ndarray, "cells starts 3"]:
+    """The cells' starts `(u, v, log10_mass)`, one row a start: `first`, and for the cells
+    not `done` a second row, the best of the `candidates` (`best_starts`, scored by the cell
+    fit's `objective` with the rest of `template` held) where it beats both the cell's
+    `first` start and its quiet start (a subhalo of log10 mass `quiet` at the cell's
+    centre: the smooth model); NaN where there is none. Without `candidates`, `first`
+    alone (one start a cell)."""
+    todo = [i for i in range(len(centres)) if i not in done]
+    if not len(candidates) or not todo:
+        return np.asarray(first, np.float64)[:, None, :]
+    t0 = time.perf_counter()
+    # the quiet start leads the pool: where it is the best, no candidate beats the smooth
+    # model with the macro model held, and the cell gets no second start
+    pool = np.concatenate([[[0.0, 0.0, float(quiet)]], np.asarray(candidates, np.float64)])
+    best, _ = best_starts(objective, template, centres[todo], pool, np.asarray(first)[todo])
+    second = np.full((len(centres), 3), np.nan)
+    for k, i in enumerate(todo):
+        if not (np.array_equal(best[k], first[i]) or np.array_equal(best[k], pool[0])):
+            second[i] = best[k]
+    n = int(np.sum(np.isfinite(second[:, 0])))
+    say(
+        f"start grid: {n} of {len(todo)} cells get a second start, the best of "
+        f"{len(candidates)} ({time.perf_counter() - t0:.0f} s)"
+    )
+    return np.stack([np.asarray(first, np.float64), second], axis=1)
