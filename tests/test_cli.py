@@ -994,7 +994,7 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(
         "2",
         "--refine",
         "2",
-        "--start-grid",  # each cell from the best of its 2 x 2 x 8 start grid
+        "--start-grid",  # each cell also from the best of its 2 x 2 x 8 start grid
         "2",
     )
     assert main([*argv, "--json", str(out)]) == 0

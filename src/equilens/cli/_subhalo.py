@@ -92,7 +92,7 @@ def run_subhalo(
     `source="pixelized"` the evidence chain), then scans a `grid` x `grid` grid of cells over
     the mask for a subhalo of profile `kind`, the best cell refined by `refine` x `refine`
     sub-cells, the smooth model fitted again from the `smooth_starts` best subhalo fits,
-    each cell's fit started from its `start_grid` (`equilens.subhalo_scan`, each
+    each cell fitted from its centre and its `start_grid`'s best (`equilens.subhalo_scan`, each
     finished cell appended to `OUT_cells.jsonl` beside the JSON, the smooth fit kept in
     `OUT_smooth.pkl` with a fingerprint of its inputs: a rerun of the same data and settings
     reads the smooth model back, `equilens.cli._kept`, and resumes from the cells' file).
