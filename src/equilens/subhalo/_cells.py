@@ -185,7 +185,7 @@ def _cell_task(setup: CellSetup, centre: np.ndarray, at: np.ndarray) -> CellReco
             setup.scale,
         )
         tried.append((fitted, start))
-    fitted, start = _better(tried, setup.cell_objective)
+    fitted, start = _better(tried)
     fitted = _no_worse_than_smooth(fitted, start, setup)
     return _cell_evidence(setup.objective, fitted, setup.free, setup.bounds, setup.evidence)
 
@@ -195,9 +195,10 @@ def _rows(at: np.ndarray) -> list[np.ndarray]:
     return [row for row in np.atleast_2d(np.asarray(at, np.float64)) if np.all(np.isfinite(row))]
 
 
-def _better(tried: list[tuple[FitResult, Any]], cell_objective: Objective) -> tuple[FitResult, Any]:
-    """The `(fit, start)` of `tried` whose fit ends lowest in `cell_objective` (`_lowest`)."""
-    return tried[_lowest([float(_value(cell_objective, r.model)) for r, _ in tried])]
+def _better(tried: list[tuple[FitResult, Any]]) -> tuple[FitResult, Any]:
+    """The `(fit, start)` of `tried` whose fit ends lowest in the cell objective (each fit's
+    `value`, `_lowest`)."""
+    return tried[_lowest([float(r.value) for r, _ in tried])]
 
 
 def _lowest(values: list[float]) -> int:
@@ -229,7 +230,7 @@ def _vmapped(setup: CellSetup, centres: np.ndarray, starts: np.ndarray, todo: li
     )
     for i in todo:
         tried = [(pick(batch, k), models[k]) for k, (j, _) in enumerate(runs) if j == i]
-        fitted = _no_worse_than_smooth(*_better(tried, setup.cell_objective), setup)
+        fitted = _no_worse_than_smooth(*_better(tried), setup)
         yield i, _cell_evidence(setup.objective, fitted, setup.free, setup.bounds, setup.evidence)
 
 
@@ -313,7 +314,7 @@ def _no_worse_than_smooth(fitted: FitResult, start: LensSystem, setup: CellSetup
         start,
         jnp.asarray(quiet, start.mass.components[-1].log10_mass.dtype),  # pyright: ignore[reportAttributeAccessIssue]
     )
-    at_fit = float(_value(cell_objective, fitted.model))
+    at_fit = float(fitted.value)  # (the cell objective at the fit's model)
     if at_fit <= float(_value(cell_objective, low)):
         return fitted
     again = _fit(
@@ -325,7 +326,7 @@ def _no_worse_than_smooth(fitted: FitResult, start: LensSystem, setup: CellSetup
         setup.max_steps,
         setup.scale,
     )
-    value = float(_value(cell_objective, again.model))
+    value = float(again.value)
     return again if math.isfinite(value) and not value >= at_fit else fitted
 
 
