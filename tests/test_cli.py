@@ -918,6 +918,7 @@ def _subhalo_args(paths, *extra):
         (("--workers", "0"), "--workers must be between 1 and"),
         (("--refine", "1"), "--refine must be 0 (none) or between 2 and"),
         (("--start-grid", "-1"), "--start-grid must be between 0 and"),
+        (("--polish", "1"), "--polish must be 0 (none) or between 2 and"),
         (("--smooth-starts", "-2"), "--smooth-starts must be between 0 and"),
         (("--scheduler", "tcp://127.0.0.1:9", "--workers", "2"), "exclude each other"),
     ],
@@ -996,6 +997,8 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(
         "2",
         "--start-grid",  # each cell also from the best of its 2 x 2 x 8 start grid
         "2",
+        "--polish",  # the best model fitted again over its cell, from a 2 x 2 x 8 grid
+        "2",
     )
     assert main([*argv, "--json", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -1014,12 +1017,20 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(
         max(c["delta_log_evidence"] for c in cells) == cells[refined["cell"]]["delta_log_evidence"]
     )
     assert max(c["delta_log_evidence"] for c in subs) < 5
-    assert best["delta_log_evidence"] == max(c["delta_log_evidence"] for c in subs)
+    # the polishing fit over the refined cell: nothing either; best the better of the two
+    polished = result["polished"]
+    assert polished["cell"] == refined["cell"] and polished["status"] == "successful"
+    assert polished["delta_log_evidence"] < 5
+    assert best["delta_log_evidence"] == max(
+        polished["delta_log_evidence"], *(c["delta_log_evidence"] for c in subs)
+    )
+    assert best["polished"] == polished["chosen"]
     assert result["z_lens"] == 0.3 and "x grows with the column index" in result["convention"]
     assert result["held"] == []  # (a parametric source: nothing held)
     assert (tmp_path / "scan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # the header, 4 cells, 4 sub-cells and the smooth model's 3 refits (--smooth-starts 3)
-    assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 1 + 4 + 4 + 3
+    # the header, 4 cells, 4 sub-cells, the polishing fit and the smooth model's 3 refits
+    # (--smooth-starts 3)
+    assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 1 + 4 + 4 + 1 + 3
 
     # run again: the smooth model is read back from scan_smooth.pkl (not fitted again) and
     # every cell and sub-cell resumed from the cells' file: the same scan
@@ -1032,7 +1043,7 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(
     assert again["smooth_log_evidence"] == result["smooth_log_evidence"]
     assert [c["log_evidence"] for c in again["cells"]] == [c["log_evidence"] for c in cells]
     assert again["best"] == best
-    assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 1 + 4 + 4 + 3
+    assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 1 + 4 + 4 + 1 + 3
 
 
 @slow_ci

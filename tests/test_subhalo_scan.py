@@ -194,7 +194,9 @@ def test_scan_finds_an_injected_subhalo_refines_its_cell_and_resumes_from_its_ch
     path = tmp_path / "cells.jsonl"
     # the cell holding (0, 0.9) and one far from it; the best refined by 2 x 2 sub-cells
     centres = np.asarray([[0.1, 0.8], [-0.8, -0.6]])
-    kw = dict(grid=centres, half=0.3, kind="pseudo_jaffe", checkpoint=path, progress=False)
+    kw = dict(
+        grid=centres, half=0.3, kind="pseudo_jaffe", checkpoint=path, progress=False, polish=0
+    )
     scan = subhalo_scan(objective, smooth, LC, refine=2, **kw)
     assert scan.failed == 0
     assert scan.best_index == 0
@@ -281,9 +283,12 @@ def test_scan_of_a_lens_without_subhalo_finds_none():
     )
     assert scan.failed == 0
     assert np.all(scan.delta_log_evidence < 5)
-    # nor does the refinement of the best cell find one in its sub-cells
+    # nor does the refinement of the best cell find one in its sub-cells, nor the polishing
+    # fit over that cell from the best of its 7 x 7 x 8 grid
     assert scan.refinement is not None and scan.refinement.failed == 0
     assert np.all(scan.refinement.delta_log_evidence < 5)
+    assert scan.polished is not None and scan.polished.failed == 0
+    assert scan.polished.delta_log_evidence[0] < 5
 
 
 @slow_ci
@@ -295,7 +300,9 @@ def test_a_cell_fit_that_ends_worse_than_the_smooth_model_is_redone_from_a_quiet
     objective, start = _lens(False)
     smooth = el.fit(objective, start, covariance=False)
     centres = np.asarray([[0.1, 0.8], [-0.8, -0.6]])
-    kw = dict(grid=centres, half=0.3, kind="pseudo_jaffe", progress=False, max_steps=3, refine=0)
+    kw = dict(
+        grid=centres, half=0.3, kind="pseudo_jaffe", progress=False, max_steps=3, refine=0, polish=0
+    )
     # (start_grid=0: the fits start at 10^10.8 Msun, not at the best of the start grid)
     scan = subhalo_scan(objective, smooth, LC, start_log10_mass=10.8, start_grid=0, **kw)
     assert scan.failed == 0
@@ -320,6 +327,7 @@ def test_a_smooth_model_short_of_its_mode_is_fitted_again_from_the_best_cell():
         kind="pseudo_jaffe",
         refit_smooth=False,
         refine=0,
+        polish=0,
         progress=False,
         # (the start grid scores a cell's starts with the macro model held where the smooth
         # model is, here far from its mode: a heavy subhalo there stands in for the missing
@@ -366,6 +374,7 @@ def test_nested_sampling_of_the_best_cell_agrees_with_the_laplace_evidence():
         kind="pseudo_jaffe",
         progress=False,
         refine=0,
+        polish=0,
     )
     nested = el.subhalo_evidence(scan, objective, n_live=300, n_eff=600, n_networks=1)
     assert nested.cell == 0 and nested.laplace_delta_log_evidence == scan.best["delta_log_evidence"]
@@ -489,6 +498,106 @@ def test_a_cells_fit_starts_from_the_best_of_its_start_grid():
     assert np.all(np.isnan(done[0, 1]))
 
 
+def test_the_polishing_fit_starts_from_the_best_two_of_its_grid_over_the_cell():
+    """`polish_start`: the two lowest of the `n` x `n` x masses candidates over the cell, in
+    the cell objective with the rest of the template held (brute force), the template's own
+    subhalo not among them; `check_polish` refuses what is not 0 or >= 2."""
+    from equilens.subhalo._cells import CellSetup, _value, place
+    from equilens.subhalo._polish import check_polish, polish_start, polish_template
+    from equilens.subhalo._scan import _as_sum, with_subhalo
+    from equilens.subhalo._seed import start_candidates
+
+    objective, start = _lens(True)
+    smooth = _as_sum(el.fit(objective, start, covariance=False).model)
+    # a "best fit" whose subhalo sits in a sub-cell of half-width 0.1" far from the truth
+    best = with_subhalo(
+        smooth,
+        Subhalo(
+            log10_mass=8.0,
+            u=0.5,
+            v=-0.5,
+            cell_x=0.3,
+            cell_y=0.6,
+            half=0.1,
+            host_theta_E=0.9,
+            cosmology=LC,
+            kind="pseudo_jaffe",
+        ),
+    )
+    template = polish_template(best, 0.3)
+    sub = template.mass.components[-1]
+    assert float(sub.half) == 0.3 and float(sub.u) == 0.0 and float(sub.v) == 0.0
+    setup = CellSetup(objective, objective, template, "bfgs", None, {}, 10, laplace_evidence, 6.5)
+    centre = np.asarray([0.2, 0.7])
+    masses = (8.0, 9.0, 10.0)
+    rows = polish_start(setup, centre, 3, masses, (6.0, 11.0))
+    cand = start_candidates(3, masses, (6.0, 11.0))
+    dtype = sub.log10_mass.dtype
+    cell = jnp.asarray(centre, dtype)
+    values = [float(_value(objective, place(template, cell, jnp.asarray(c, dtype)))) for c in cand]
+    order = np.argsort(values)
+    np.testing.assert_array_equal(rows, cand[order[:2]])
+    assert tuple(rows[0, :2]) == pytest.approx((-2 / 3, 2 / 3))  # the candidate at (0, 0.9)
+    with pytest.raises(ValueError, match="polish must be"):
+        check_polish(1)
+    with pytest.raises(ValueError, match="polish must be"):
+        check_polish(True)
+    assert check_polish(0) == 0 and check_polish(7) == 7
+
+
+@slow_ci
+def test_the_best_subhalo_model_is_polished_over_its_cell_and_resumed(tmp_path):
+    """`subhalo_scan(polish=n)`: the best sub-cell's model fitted again over the whole best
+    cell from its grid's best; `best` is its subhalo exactly when its evidence is higher;
+    written to the checkpoint and read back."""
+    objective, start = _lens(True)
+    smooth = el.fit(objective, start, covariance=False)
+    path = tmp_path / "cells.jsonl"
+    kw = dict(
+        grid=np.asarray([[0.1, 0.8]]),
+        half=0.3,
+        kind="pseudo_jaffe",
+        checkpoint=path,
+        progress=False,
+        refine=2,
+        polish=3,
+        smooth_starts=0,
+    )
+    lines = []
+    scan = subhalo_scan(objective, smooth, LC, log=lines.append, **kw)
+    p, sub = scan.polished, scan.refinement
+    assert p is not None and sub is not None and p.failed == 0
+    np.testing.assert_array_equal(p.centres, [[0.1, 0.8]])
+    assert p.half == 0.3
+    fitted = p.fits[0].mass.components[-1]
+    assert float(fitted.half) == pytest.approx(0.3)  # free over the whole cell
+    x, y = (float(c) for c in fitted.center)
+    assert math.hypot(x - 0.0, y - 0.9) < 0.1
+    polished, refined = float(p.delta_log_evidence[0]), float(np.max(sub.delta_log_evidence))
+    assert polished > 10
+    assert scan.best["polished"] == (polished > refined)
+    assert scan.best["delta_log_evidence"] == pytest.approx(max(polished, refined))
+    if scan.best["polished"]:
+        assert scan.best_fit is p.fits[0] and scan.best["sub_cell"] is None
+        assert scan.best["center_x"] == pytest.approx(x)
+    else:
+        assert scan.best_fit is sub.fits[scan.best["sub_cell"]]
+    assert scan.best["cell_delta_log_evidence"] == pytest.approx(sub.delta_log_evidence_grid)
+    out = scan.to_dict()
+    json.dumps(out)
+    assert out["polished"]["chosen"] == scan.best["polished"]
+    assert out["polished"]["delta_log_evidence"] == pytest.approx(polished)
+    assert sum(line.startswith("polished cell 1") for line in lines) == 1
+    text = path.read_text().splitlines()
+    assert sum('"polish"' in line for line in text) == 1
+    again = subhalo_scan(objective, smooth, LC, **kw)
+    assert again.polished is not None and again.polished.resumed == 1
+    assert again.polished.log_evidence[0] == p.log_evidence[0]
+    assert again.best["polished"] == scan.best["polished"]
+    assert again.best["center_x"] == pytest.approx(scan.best["center_x"], rel=1e-12)
+    assert len(path.read_text().splitlines()) == len(text)
+
+
 @pytest.mark.precision_independent
 def test_a_cell_with_two_starts_keeps_the_fit_that_ends_lower():
     """`_cell_task`'s choice between a cell's fits (`_better`): the lowest cell objective,
@@ -516,7 +625,13 @@ def test_the_vectorised_scan_equals_the_loop_with_two_starts_a_cell():
     smooth = el.fit(objective, start, covariance=False)
     centres = np.asarray([[0.1, 0.8], [-0.8, -0.6]])
     kw = dict(
-        grid=centres, half=0.3, kind="pseudo_jaffe", refine=0, smooth_starts=0, progress=False
+        grid=centres,
+        half=0.3,
+        kind="pseudo_jaffe",
+        refine=0,
+        polish=0,
+        smooth_starts=0,
+        progress=False,
     )
     lines = []
     loop = subhalo_scan(objective, smooth, LC, route="loop", log=lines.append, **kw)

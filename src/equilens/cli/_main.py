@@ -253,6 +253,14 @@ def main(argv: list[str] | None = None) -> int:
         "masses, the better fit kept (default 3; 0: from the centre alone)",
     )
     shp.add_argument(
+        "--polish",
+        type=int,
+        default=7,
+        help="N: last, the best subhalo model is fitted again with its subhalo free over the "
+        "whole best cell, from the best 2 of N x N positions x 8 masses there, and kept where "
+        "its evidence is higher (default 7; 0: none)",
+    )
+    shp.add_argument(
         "--kind",
         default="tnfw",
         choices=["tnfw", "pseudo_jaffe"],
@@ -438,6 +446,10 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
         )
     if not 0 <= args.start_grid <= MAX_GRID:
         raise ValueError(f"--start-grid must be between 0 and {MAX_GRID}, got {args.start_grid}")
+    if args.polish == 1 or not 0 <= args.polish <= MAX_GRID:
+        raise ValueError(
+            f"--polish must be 0 (none) or between 2 and {MAX_GRID}, got {args.polish}"
+        )
     args.positions = args.positions_sigma = None
     args.power_law = False
     args.fixed_mask = True
@@ -467,6 +479,7 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
             refine=args.refine,
             smooth_starts=args.smooth_starts,
             start_grid=args.start_grid,
+            polish=args.polish,
             solver=args.solver,
             max_steps=args.max_steps,
             mesh=args.mesh,

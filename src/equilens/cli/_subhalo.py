@@ -77,6 +77,7 @@ def run_subhalo(
     refine: int = 3,
     smooth_starts: int = 3,
     start_grid: int = 3,
+    polish: int = 7,
     solver: str = "lm",
     max_steps: int | None = None,
     mesh: str | None = None,
@@ -92,7 +93,8 @@ def run_subhalo(
     `source="pixelized"` the evidence chain), then scans a `grid` x `grid` grid of cells over
     the mask for a subhalo of profile `kind`, the best cell refined by `refine` x `refine`
     sub-cells, the smooth model fitted again from the `smooth_starts` best subhalo fits,
-    each cell fitted from its centre and its `start_grid`'s best (`equilens.subhalo_scan`, each
+    each cell fitted from its centre and its `start_grid`'s best, the best model polished over
+    its cell from the best of a `polish` x `polish` grid (`equilens.subhalo_scan`, each
     finished cell appended to `OUT_cells.jsonl` beside the JSON, the smooth fit kept in
     `OUT_smooth.pkl` with a fingerprint of its inputs: a rerun of the same data and settings
     reads the smooth model back, `equilens.cli._kept`, and resumes from the cells' file).
@@ -185,6 +187,7 @@ def run_subhalo(
         refine=refine,
         smooth_starts=smooth_starts,
         start_grid=start_grid,
+        polish=polish,
         kind=kind,  # pyright: ignore[reportArgumentType]
         solver=None if solver == "lm" and pixelized else solver,
         max_steps=500 if max_steps is None else max_steps,
@@ -216,10 +219,15 @@ def run_subhalo(
     _write(json_path, out)
     b = scan.best
     if scan.refinement is not None:
+        chosen = (
+            "the polished fit over the whole cell"
+            if b.get("polished")
+            else f"sub-cell {b['sub_cell'] + 1}"
+        )
         print(
             f"  refined cell {b['cell'] + 1}: Delta log E "
             f"{b.get('cell_delta_log_evidence') or float('nan'):.1f} over its "
-            f"{len(scan.refinement.status)} sub-cells; the best is sub-cell {b['sub_cell'] + 1}"
+            f"{len(scan.refinement.status)} sub-cells; the best is {chosen}"
         )
     print(
         f"  best cell: subhalo at ({b.get('center_x', float('nan')):+.3f}, "

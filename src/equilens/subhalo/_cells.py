@@ -33,6 +33,10 @@ QUIET_DEX = 0.5
 MAX_STEPS_STATUS = "successful (the fit reached max_steps; evidence from where it stopped)"
 #: The checkpoint's format version (a file of another version is not resumed from).
 CHECKPOINT_FORMAT = 1
+#: What the log and the progress bar call the fits of each kind of checkpoint record:
+#: the cells, the refinement's sub-cells, the best cell's polishing fit (`_polish.py`).
+NAMES = {"cell": "cell", "sub": "sub-cell", "polish": "polished cell"}
+BARS = {"cell": "subhalo scan", "sub": "refinement", "polish": "polish"}
 
 
 class CellSetup(NamedTuple):
@@ -95,7 +99,8 @@ def _run_cells(
     """Fits the cells `centres` (of half-width `half`, the subhalo started at `starts`: rows
     `(u, v, log10_mass)` a cell, NaN rows none, `_cell_task`) not in `done` (the
     checkpoint's records, by index); each finished cell written to `checkpoint` under `key`
-    ("cell", or "sub" for the refinement's sub-cells) as it finishes. Returns each cell's
+    ("cell", "sub" for the refinement's sub-cells, "polish" for the polishing fit) as it
+    finishes. Returns each cell's
     log-evidence, status, fitted model and subhalo errors."""
     template = setup.template
     dtype = template.mass.components[-1].log10_mass.dtype
@@ -114,7 +119,7 @@ def _run_cells(
             at = _rows(starts[i])[0]  # (the cell's centre and the template's fixed fields)
             fits[i] = param.with_values(values, _in_cell(template, centres[i], at, dtype))
     todo = [i for i in range(n) if i not in done]
-    bar = _bar(len(todo), progress, "subhalo scan" if key == "cell" else "refinement")
+    bar = _bar(len(todo), progress, BARS[key])
     if client is not None:
         finished = _on_dask(client, setup, centres, starts, todo)
     elif todo and batch_route(route, mesh) == "vmap":
@@ -135,7 +140,7 @@ def _run_cells(
             }
             with open(checkpoint, "a") as f:
                 f.write(json.dumps(line) + "\n")
-        say(i, "cell" if key == "cell" else "sub-cell", centres[i], log_e[i], status[i])
+        say(i, NAMES[key], centres[i], log_e[i], status[i])
         if bar is not None:
             bar.update(1)
     if bar is not None:

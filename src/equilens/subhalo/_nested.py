@@ -90,9 +90,10 @@ def subhalo_evidence(
     progress: bool = False,
 ) -> SubhaloEvidence:
     """Nested sampling of the smooth model and of cell `cell`'s model (default the scan's
-    best: the best sub-cell of its refinement when it has one, `SubhaloScan.refinement`,
-    whose index `cell` then is) under the same priors (module docstring): the evidence
-    difference with its error, the subhalo's posterior.
+    best: the polishing fit where it won, `SubhaloScan.polished`, else the best sub-cell of
+    its refinement when it has one, `SubhaloScan.refinement`, whose index `cell` then
+    is) under the same priors (module docstring): the evidence difference with its error,
+    the subhalo's posterior.
 
     **Arguments:**
 
@@ -109,7 +110,9 @@ def subhalo_evidence(
     Needs `nautilus-sampler` (`pip install equilens[sampling]`). Returns a
     `SubhaloEvidence`."""
     t0 = time.perf_counter()
-    if cell is None and scan.refinement is not None:
+    if cell is None and scan.polished is not None and scan.best.get("polished"):
+        scan = scan.polished  # the polishing fit over the best cell, where it won
+    elif cell is None and scan.refinement is not None:
         scan = scan.refinement  # the best sub-cell of the refined cell
     cell = scan.best_index if cell is None else int(cell)
     if not 0 <= cell < len(scan.fits):

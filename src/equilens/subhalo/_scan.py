@@ -50,6 +50,14 @@ from ._cells import (
     cell_scale,
 )
 from ._grid import scan_cells, tile
+from ._polish import (
+    POLISH_GRID,
+    check_polish,
+    polish_done,
+    polish_start,
+    polish_template,
+    polished_best,
+)
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
 from ._seed import START_MASSES, cell_starts, start_candidates
 from ._smooth import _as_sum, smooth_refits
@@ -81,6 +89,9 @@ class SubhaloScan:
       sum E(sub-cell)`); with a refinement, `best` is its best sub-cell's subhalo (with
       `sub_cell`, `cell` the refined cell, `cell_delta_log_evidence` that cell's refined
       value) and `best_index` still the coarse cell.
+    - `polished`: the best subhalo model fitted again over the whole best cell
+      (`subhalo_scan(polish=n)`), a one-cell `SubhaloScan` (None without it); where its
+      evidence beats the best (sub-)cell's, `best` is its subhalo, with `polished` True.
     - `smooth_gain`: how much the smooth model's log-evidence rose when it was fitted
       again from the best subhalo models' fits with their subhalos removed
       (`subhalo_scan(smooth_starts=...)`; 0 when it did not: the first smooth fit was at
@@ -106,13 +117,16 @@ class SubhaloScan:
     resumed: int
     mass_range: tuple[float, float] = MASS_RANGE
     refinement: "SubhaloScan | None" = None
+    polished: "SubhaloScan | None" = None
     smooth_gain: float = 0.0
     held: tuple[str, ...] = ()
 
     @property
     def best_fit(self) -> Any:
-        """The fitted model of `best` (the best sub-cell's with a refinement; None when
-        that cell failed)."""
+        """The fitted model of `best` (the polishing fit's where it won, else the best
+        sub-cell's with a refinement; None when that cell failed)."""
+        if self.polished is not None and self.best.get("polished"):
+            return self.polished.fits[0]
         scan = self if self.refinement is None else self.refinement
         return scan.fits[scan.best_index]
 
@@ -154,6 +168,20 @@ class SubhaloScan:
             "wall_time": self.wall_time,
             "resumed_cells": self.resumed,
             **({} if self.refinement is None else {"refinement": self._refinement_dict()}),
+            **({} if self.polished is None else {"polished": self._polished_dict()}),
+        }
+
+    def _polished_dict(self) -> dict[str, Any]:
+        p = self.polished
+        assert p is not None
+        return {
+            "cell": self.best.get("cell"),
+            "cell_half_width": p.half,
+            "log_evidence": _finite_or_none(p.log_evidence[0]),
+            "delta_log_evidence": _finite_or_none(p.delta_log_evidence[0]),
+            "status": p.status[0],
+            "chosen": bool(self.best.get("polished")),
+            "best": p.best,
         }
 
     def _refinement_dict(self) -> dict[str, Any]:
@@ -263,6 +291,7 @@ def subhalo_scan(
     refit_smooth: bool = True,
     smooth_starts: int = 3,
     refine: int = 3,
+    polish: int = POLISH_GRID,
     checkpoint: str | os.PathLike | None = None,
     client: Any = None,
     route: BatchRoute = "auto",
@@ -337,6 +366,12 @@ def subhalo_scan(
       holding its subhalo from its position): a cell's fit can stop in a local minimum
       away from a subhalo near its edge or corner, and the smaller boxes locate it
       (`SubhaloScan.refinement`; `best` is then the best sub-cell's subhalo). 0 for none.
+    - `polish`: last, the best subhalo model (the best sub-cell's, or cell's) is fitted
+      again with its subhalo free over the whole best cell, from the best of `polish` x
+      `polish` positions over that cell times `start_masses` (the rest of the model held
+      at that fit): a sub-cell's bounds can hold a subhalo near its edge away from its
+      place (docs/subhalo.md); kept as `best` where its evidence is higher
+      (`SubhaloScan.polished`). 0 for none.
     - `checkpoint`: a JSON-lines file each finished cell (and sub-cell) is appended to; a
       scan run again with the same file and set-up skips the cells it holds (a file from
       another set-up is a `ValueError`).
@@ -377,6 +412,7 @@ def subhalo_scan(
         raise ValueError(
             f"refine must be 0 (none) or an integer >= 2 sub-cells a side, got {refine!r}"
         )
+    check_polish(polish)
     smooth = _as_sum(smooth)
     if host_theta_E is None:
         host_theta_E = float(getattr(smooth.mass.components[0], "theta_E", 1.0))  # pyright: ignore[reportAttributeAccessIssue]
@@ -536,6 +572,8 @@ def subhalo_scan(
             "cell_delta_log_evidence": _finite_or_none(refined.delta_log_evidence_grid),
         }
         scan = dataclasses.replace(scan, refinement=refined, best=best_dict)
+    if polish and scan.best_fit is not None:
+        scan = _polished(scan, setup, run, polish, start_masses, (lo, hi), records, say, smooth_ev)
     scan = smooth_refits(
         scan,
         smooth_starts,
@@ -551,6 +589,47 @@ def subhalo_scan(
         records=records,
     )
     return dataclasses.replace(scan, held=held, wall_time=time.perf_counter() - t0)
+
+
+def _polished(
+    scan: SubhaloScan,
+    setup: CellSetup,
+    run: Callable[..., Any],
+    n: int,
+    masses: Sequence[float],
+    mass_range: tuple[float, float],
+    records: Sequence[dict[str, Any]],
+    say: Callable[[str], None],
+    smooth_ev: LaplaceEvidence,
+) -> SubhaloScan:
+    """`scan` with its best subhalo model fitted again over the whole best cell from the
+    best of an `n` x `n` x `masses` grid there (`subhalo_scan(polish=n)`, `_polish.py`),
+    the fit's `best` taken where its evidence is higher; a record in the checkpoint's
+    `records` is read back instead of fitted."""
+    centre, half = scan.centres[scan.best_index], scan.half
+    polish_setup = setup._replace(template=polish_template(scan.best_fit, half))
+    done = polish_done(records, centre, half)
+    if done:
+        # (the record's values replace everything but the cell: any start in it serves)
+        start = np.array([[0.0, 0.0, float(scan.best["log10_mass"])]])
+    else:
+        start = polish_start(polish_setup, centre, n, masses, mass_range)
+    fitted = run(polish_setup, centre[None, :], half, start[None], done, "polish")
+    polished = _summary(
+        centre[None, :],
+        half,
+        fitted,
+        smooth_ev,
+        scan.best["kind"],
+        scan.cosmology,
+        mass_range,
+        len(done),
+    )
+    best = polished_best(scan.best, polished.best)
+    if best is None:
+        say("  polished cell: the best (sub-)cell's fit stands")
+        return dataclasses.replace(scan, polished=polished, best={**scan.best, "polished": False})
+    return dataclasses.replace(scan, polished=polished, best=best)
 
 
 def _summary(

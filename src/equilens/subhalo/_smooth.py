@@ -140,11 +140,11 @@ def _refitted(
 
 def _best_fits(scan: "SubhaloScan", n: int, tagged: bool = False) -> list[Any]:
     """The fitted subhalo models of the `n` cells of the highest log-evidence, one fit a
-    cell (the refined cell's the best of its own fit and its sub-cells'): starts from
-    different cells, whose macro models differ more than those of one cell's sub-cells
-    (fewer where fewer cells' fits succeeded). `tagged`: `(tag, fit)` pairs, the tag
-    naming the fit ("cell i", or "sub-cell j of n of cell i"; counted from 1, as the scan's
-    log counts them) for the checkpoint."""
+    cell (the refined cell's the best of its own fit, its sub-cells' and its polishing
+    fit's): starts from different cells, whose macro models differ more than those of one
+    cell's sub-cells (fewer where fewer cells' fits succeeded). `tagged`: `(tag, fit)`
+    pairs, the tag naming the fit ("cell i", "sub-cell j of n of cell i" or "polished cell
+    i"; counted from 1, as the scan's log counts them) for the checkpoint."""
 
     def ok(le: Any, fit: Any) -> bool:
         return fit is not None and math.isfinite(float(le))
@@ -165,6 +165,11 @@ def _best_fits(scan: "SubhaloScan", n: int, tagged: bool = False) -> list[Any]:
         ]
         if own or subs:
             entries[scan.best_index] = max([*own, *subs], key=lambda p: p[0])
+    pol = scan.polished
+    if pol is not None and ok(pol.log_evidence[0], pol.fits[0]):
+        mine = (float(pol.log_evidence[0]), f"polished cell {scan.best_index + 1}", pol.fits[0])
+        if scan.best_index not in entries or mine[0] > entries[scan.best_index][0]:
+            entries[scan.best_index] = mine
     ranked = sorted(entries.values(), key=lambda p: -p[0])[:n]
     return [(tag, fit) for _, tag, fit in ranked] if tagged else [fit for _, _, fit in ranked]
 
@@ -216,4 +221,5 @@ def _rebased(scan: "SubhaloScan", log_evidence: float, model: Any) -> "SubhaloSc
         )
 
     sub = None if scan.refinement is None else one(scan.refinement)
-    return dataclasses.replace(one(scan), refinement=sub)
+    polished = None if scan.polished is None else one(scan.polished)
+    return dataclasses.replace(one(scan), refinement=sub, polished=polished)
