@@ -526,7 +526,7 @@ def test_the_polishing_fit_starts_from_the_best_two_of_its_grid_over_the_cell():
     )
     template = polish_template(best, 0.3)
     sub = template.mass.components[-1]
-    assert float(sub.half) == 0.3 and float(sub.u) == 0.0 and float(sub.v) == 0.0
+    assert float(sub.half) == pytest.approx(0.3) and float(sub.u) == float(sub.v) == 0.0
     setup = CellSetup(objective, objective, template, "bfgs", None, {}, 10, laplace_evidence, 6.5)
     centre = np.asarray([0.2, 0.7])
     masses = (8.0, 9.0, 10.0)
@@ -535,8 +535,13 @@ def test_the_polishing_fit_starts_from_the_best_two_of_its_grid_over_the_cell():
     dtype = sub.log10_mass.dtype
     cell = jnp.asarray(centre, dtype)
     values = [float(_value(objective, place(template, cell, jnp.asarray(c, dtype)))) for c in cand]
-    order = np.argsort(values)
-    np.testing.assert_array_equal(rows, cand[order[:2]])
+    # (the two lowest, to the round-off between the batched and the single evaluations)
+    index = [int(np.flatnonzero(np.all(cand == r, axis=1))[0]) for r in rows]
+    assert index[0] != index[1]
+    tol = 1e-9 if X64 else 1e-4
+    np.testing.assert_allclose(
+        [values[k] for k in index], np.sort(values)[:2], rtol=tol, atol=tol * abs(values[0])
+    )
     assert tuple(rows[0, :2]) == pytest.approx((-2 / 3, 2 / 3))  # the candidate at (0, 0.9)
     with pytest.raises(ValueError, match="polish must be"):
         check_polish(1)
