@@ -12,8 +12,9 @@ again with the subhalo free over the whole cell put it 0.011" away, its objectiv
 lower (docs/validation.md). A 5 x 5 grid (0.17" apart on that cell) found it 0.13" away.
 """
 
+import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -110,3 +111,35 @@ def polish_done(
         and math.isclose(r["half"], half, rel_tol=1e-9)
     ]
     return {0: mine[-1]} if mine else {}
+
+
+def polished(
+    scan: Any,
+    setup: CellSetup,
+    run: Callable[..., Any],
+    summary: Callable[..., Any],
+    n: int,
+    masses: Sequence[float],
+    records: Sequence[Mapping[str, Any]],
+    say: Callable[[str], None],
+) -> Any:
+    """`scan` (a `SubhaloScan`) with its best subhalo model fitted again over the whole best
+    cell from the best of an `n` x `n` x `masses` grid there (`subhalo_scan(polish=n)`;
+    `run`: the scan's `_run_cells`, `summary`: its `_summary` of one cell's results), the
+    fit's `best` taken where its evidence is higher; a record in the checkpoint's `records`
+    is read back instead of fitted."""
+    centre, half = scan.centres[scan.best_index], scan.half
+    polish_setup = setup._replace(template=polish_template(scan.best_fit, half))
+    done = polish_done(records, centre, half)
+    if done:
+        # (the record's values replace everything but the cell: any start in it serves)
+        start = np.array([[0.0, 0.0, float(scan.best["log10_mass"])]])
+    else:
+        start = polish_start(polish_setup, centre, n, masses, scan.mass_range)
+    fitted = run(polish_setup, centre[None, :], half, start[None], done, "polish")
+    one = summary(centre[None, :], half, fitted, resumed=len(done))
+    best = polished_best(scan.best, one.best)
+    if best is None:
+        say("  polished cell: the best (sub-)cell's fit stands")
+        best = {**scan.best, "polished": False}
+    return dataclasses.replace(scan, polished=one, best=best)

@@ -50,14 +50,7 @@ from ._cells import (
     cell_scale,
 )
 from ._grid import scan_cells, tile
-from ._polish import (
-    POLISH_GRID,
-    check_polish,
-    polish_done,
-    polish_start,
-    polish_template,
-    polished_best,
-)
+from ._polish import POLISH_GRID, check_polish, polished
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
 from ._seed import START_MASSES, cell_starts, start_candidates
 from ._smooth import _as_sum, smooth_refits
@@ -573,7 +566,10 @@ def subhalo_scan(
         }
         scan = dataclasses.replace(scan, refinement=refined, best=best_dict)
     if polish and scan.best_fit is not None:
-        scan = _polished(scan, setup, run, polish, start_masses, (lo, hi), records, say, smooth_ev)
+        summary = functools.partial(
+            _summary, smooth_ev=smooth_ev, kind=kind, cosmology=cosmology, mass_range=(lo, hi)
+        )
+        scan = polished(scan, setup, run, summary, polish, start_masses, records, say)
     scan = smooth_refits(
         scan,
         smooth_starts,
@@ -589,47 +585,6 @@ def subhalo_scan(
         records=records,
     )
     return dataclasses.replace(scan, held=held, wall_time=time.perf_counter() - t0)
-
-
-def _polished(
-    scan: SubhaloScan,
-    setup: CellSetup,
-    run: Callable[..., Any],
-    n: int,
-    masses: Sequence[float],
-    mass_range: tuple[float, float],
-    records: Sequence[dict[str, Any]],
-    say: Callable[[str], None],
-    smooth_ev: LaplaceEvidence,
-) -> SubhaloScan:
-    """`scan` with its best subhalo model fitted again over the whole best cell from the
-    best of an `n` x `n` x `masses` grid there (`subhalo_scan(polish=n)`, `_polish.py`),
-    the fit's `best` taken where its evidence is higher; a record in the checkpoint's
-    `records` is read back instead of fitted."""
-    centre, half = scan.centres[scan.best_index], scan.half
-    polish_setup = setup._replace(template=polish_template(scan.best_fit, half))
-    done = polish_done(records, centre, half)
-    if done:
-        # (the record's values replace everything but the cell: any start in it serves)
-        start = np.array([[0.0, 0.0, float(scan.best["log10_mass"])]])
-    else:
-        start = polish_start(polish_setup, centre, n, masses, mass_range)
-    fitted = run(polish_setup, centre[None, :], half, start[None], done, "polish")
-    polished = _summary(
-        centre[None, :],
-        half,
-        fitted,
-        smooth_ev,
-        scan.best["kind"],
-        scan.cosmology,
-        mass_range,
-        len(done),
-    )
-    best = polished_best(scan.best, polished.best)
-    if best is None:
-        say("  polished cell: the best (sub-)cell's fit stands")
-        return dataclasses.replace(scan, polished=polished, best={**scan.best, "polished": False})
-    return dataclasses.replace(scan, polished=polished, best=best)
 
 
 def _summary(
