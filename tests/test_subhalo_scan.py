@@ -503,7 +503,7 @@ def test_the_polishing_fit_starts_from_the_best_two_of_its_grid_over_the_cell():
     the cell objective with the rest of the template held (brute force), the template's own
     subhalo not among them; `check_polish` refuses what is not 0 or >= 2."""
     from equilens.subhalo._cells import CellSetup, _value, place
-    from equilens.subhalo._polish import check_polish, polish_start, polish_template
+    from equilens.subhalo._polish import cell_template, check_polish, polish_start
     from equilens.subhalo._scan import _as_sum, with_subhalo
     from equilens.subhalo._seed import start_candidates
 
@@ -524,7 +524,7 @@ def test_the_polishing_fit_starts_from_the_best_two_of_its_grid_over_the_cell():
             kind="pseudo_jaffe",
         ),
     )
-    template = polish_template(best, 0.3)
+    template = cell_template(best, 0.3)
     sub = template.mass.components[-1]
     assert float(sub.half) == pytest.approx(0.3) and float(sub.u) == float(sub.v) == 0.0
     setup = CellSetup(objective, objective, template, "bfgs", None, {}, 10, laplace_evidence, 6.5)

@@ -5,7 +5,7 @@ masses.
 The refinement's sub-cells bound the subhalo to boxes a third of the cell wide; a subhalo
 near a sub-cell's edge is fitted with its centre pressed against that bound (a logit
 near its end: the fit hardly moves it), and the sub-cell beside it takes a worse
-position. On the suite's lens 2 (a 10^9.81 Msun subhalo 0.02" inside a sub-cell's edge)
+position. On the suite's lens 2 (a 10^9.81 Msun subhalo 0.03" inside a sub-cell's edge)
 the best sub-cell put it 0.167" away; the same model with its subhalo re-placed by the
 best of a 7 x 7 grid over the cell (8 masses, the rest of the model held) and fitted
 again with the subhalo free over the whole cell put it 0.011" away, its objective 99
@@ -43,9 +43,10 @@ def check_polish(polish: Any) -> int:
     return polish
 
 
-def polish_template(best: Any, half: float) -> Any:
-    """The best subhalo model `best` (a cell's or a sub-cell's fit) as the template of a fit
-    over a cell of half-width `half` (its centre and the subhalo's place set per fit)."""
+def cell_template(best: Any, half: float) -> Any:
+    """The best subhalo model `best` (a cell's or a sub-cell's fit) as the template of fits
+    over cells of half-width `half` (their centres and the subhalo's place set per fit): the
+    refinement's sub-cells and the polishing fit's whole cell."""
     dtype = best.mass.components[-1].log10_mass.dtype
     return eqx.tree_at(
         lambda s: (s.mass.components[-1].half, s.mass.components[-1].u, s.mass.components[-1].v),
@@ -129,7 +130,7 @@ def polished(
     fit's `best` taken where its evidence is higher; a record in the checkpoint's `records`
     is read back instead of fitted."""
     centre, half = scan.centres[scan.best_index], scan.half
-    polish_setup = setup._replace(template=polish_template(scan.best_fit, half))
+    polish_setup = setup._replace(template=cell_template(scan.best_fit, half))
     done = polish_done(records, centre, half)
     if done:
         # (the record's values replace everything but the cell: any start in it serves)

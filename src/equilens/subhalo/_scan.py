@@ -50,7 +50,7 @@ from ._cells import (
     cell_scale,
 )
 from ._grid import scan_cells, tile
-from ._polish import POLISH_GRID, check_polish, polished
+from ._polish import POLISH_GRID, cell_template, check_polish, polished
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
 from ._seed import START_MASSES, cell_starts, start_candidates
 from ._smooth import _as_sum, smooth_refits
@@ -532,15 +532,7 @@ def subhalo_scan(
         inside = np.all(np.abs(at - sub_centres) <= sub_half, axis=1)
         k = int(np.argmax(inside))
         first[k, :2] = np.clip((at - sub_centres[k]) / sub_half, -0.95, 0.95)
-        sub_template = eqx.tree_at(
-            lambda s: (
-                s.mass.components[-1].half,
-                s.mass.components[-1].u,
-                s.mass.components[-1].v,
-            ),
-            best,
-            (jnp.asarray(sub_half, dtype), jnp.zeros((), dtype), jnp.zeros((), dtype)),
-        )
+        sub_template = cell_template(best, sub_half)
         sub_setup = setup._replace(template=sub_template)
         say(f"refining cell {scan.best_index + 1} with {refine} x {refine} sub-cells")
         done = {
