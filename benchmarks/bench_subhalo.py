@@ -59,14 +59,17 @@ def lens() -> tuple[el.Objective, el.FitResult]:
     return objective, smooth
 
 
-def timed(objective, smooth, repeats: int, **kw) -> tuple[float, int, el.SubhaloScan]:
-    kw = {"refine": 0, **kw}  # the grid's 9 cells (a refinement is 9 cells more)
-    scan = subhalo_scan(objective, smooth, LC, grid=3, kind="pseudo_jaffe", progress=False, **kw)
+def timed(
+    objective, smooth, repeats: int, grid: int = 3, **kw
+) -> tuple[float, int, el.SubhaloScan]:
+    # the grid's 9 cells only: no refinement (9 cells more) and no polishing fit (one more)
+    kw = {"refine": 0, "polish": 0, **kw}
+    scan = subhalo_scan(objective, smooth, LC, grid=grid, kind="pseudo_jaffe", progress=False, **kw)
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
         scan = subhalo_scan(
-            objective, smooth, LC, grid=3, kind="pseudo_jaffe", progress=False, **kw
+            objective, smooth, LC, grid=grid, kind="pseudo_jaffe", progress=False, **kw
         )
         times.append(time.perf_counter() - t)
     return statistics.median(times), len(scan.status), scan
@@ -76,19 +79,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-dask", action="store_true")
+    parser.add_argument("--grid", type=int, default=3, help="cells per side (default 3)")
     args = parser.parse_args()
     objective, smooth = lens()
-    print(f"subhalo scan, 9 cells of an 80x80 lens; {os.cpu_count()} CPUs, {jax.devices()[0]}")
+    n_cells = args.grid**2
+    print(
+        f"subhalo scan, {n_cells} cells of an 80x80 lens; {os.cpu_count()} CPUs, {jax.devices()[0]}"
+    )
     rows = []
     for name, kw in (("loop", {"route": "loop"}), ("vmap", {"route": "vmap"})):
-        t, n, scan = timed(objective, smooth, args.repeats, **kw)
+        t, n, scan = timed(objective, smooth, args.repeats, args.grid, **kw)
         rows.append((name, t, n, scan))
     if not args.no_dask:
         from distributed import Client, LocalCluster
 
         with LocalCluster(n_workers=2, threads_per_worker=1, processes=True) as cluster:
             with Client(cluster) as client:
-                t, n, scan = timed(objective, smooth, args.repeats, client=client)
+                t, n, scan = timed(objective, smooth, args.repeats, args.grid, client=client)
                 rows.append(("dask, 2 workers x 1 thread", t, n, scan))
     base = rows[0][1]
     for name, t, n, scan in rows:
