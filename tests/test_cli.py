@@ -931,6 +931,20 @@ def test_subhalo_bad_input_is_one_line_and_nonzero(fits_files, tmp_path, capsys,
     assert message in err, err
 
 
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--subhalo", "--workers", "0"), "--workers must be between 1 and"),
+        (("--workers", "2"), "--workers applies to demo --subhalo"),
+    ],
+)
+def test_demo_workers_are_checked_before_anything_runs(tmp_path, capsys, extra, message):
+    assert main(["demo", "--output", str(tmp_path), *extra]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("equilens: error:") and "\n" not in err and message in err, err
+    assert list(tmp_path.iterdir()) == []  # nothing fitted, nothing written
+
+
 def test_the_kept_smooth_model_is_read_back_only_for_its_own_data_and_settings(tmp_path):
     from equilens.cli._kept import fingerprint, read_smooth, write_smooth
 

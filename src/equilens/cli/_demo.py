@@ -1,6 +1,7 @@
 """`equilens demo`: the shipped HST image of SDSS J0946+1006 fitted as `equilens fit` fits."""
 
 import os
+from typing import Any
 
 from ._data import _load
 from ._fit import run_fit
@@ -56,10 +57,13 @@ SUBHALO_MASK_RADIUS = 1.9
 JACKPOT_Z_LENS, JACKPOT_Z_SOURCE = 0.222, 0.609
 
 
-def run_demo_subhalo(output: str, partial: Partial | None = None) -> dict[str, str]:
+def run_demo_subhalo(
+    output: str, partial: Partial | None = None, client: Any = None
+) -> dict[str, str]:
     """Scans the shipped HST image of SDSS J0946+1006 for a subhalo (`equilens subhalo`
     with a pixelized source and Vegetti et al. 2010's pseudo-Jaffe, 5x5 cells); writes
-    `subhalo.json` and `subhalo.png` in `output`."""
+    `subhalo.json` and `subhalo.png` in `output`. With a Dask `client`, the cells run on
+    its workers."""
     from ._subhalo import run_subhalo
 
     return run_subhalo(
@@ -71,6 +75,7 @@ def run_demo_subhalo(output: str, partial: Partial | None = None) -> dict[str, s
         kind="pseudo_jaffe",
         grid=5,
         partial=partial,
+        client=client,
         title="SDSS J0946+1006 (HST F814W): subhalo scan, pseudo-Jaffe, pixelized source",
         extra={
             "data": "SDSS J0946+1006, HST ACS F814W (see equilens/_data/SDSSJ0946+1006)",

@@ -93,6 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         help="scan the shipped lens for a subhalo instead (pixelized source, pseudo-Jaffe "
         "subhalo as Vegetti et al. 2010, 5x5 cells; writes subhalo.json and subhalo.png)",
     )
+    demo.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="with --subhalo, N > 1: the cells run on a Dask LocalCluster of N one-thread "
+        "worker processes (pip install equilens[cluster]; default 1: one cell after "
+        "another in this process)",
+    )
     fit = sub.add_parser("fit", help="fit a lens model to your own imaging data")
     _data_options(fit, "fit")
     fit.add_argument("--mass", default="sie+shear", help="mass profiles, '+'-joined")
@@ -339,8 +347,16 @@ def _run(args, partial: Partial) -> int:
     try:
         if args.command == "demo":
             _check_solver(args.solver)
+            if not 1 <= args.workers <= MAX_WORKERS:
+                raise ValueError(
+                    f"--workers must be between 1 and {MAX_WORKERS}, got {args.workers}"
+                )
             if args.subhalo:
-                return _exit(run_demo_subhalo(args.output, partial), "the subhalo scan")
+                with dask_client(None, args.workers) as client:
+                    out = run_demo_subhalo(args.output, partial, client)
+                return _exit(out, "the subhalo scan")
+            if args.workers != 1:
+                raise ValueError("--workers applies to demo --subhalo (the scan's cells)")
             return _exit(run_demo(args.output, args.solver, partial))
         if args.command == "subhalo":
             return _exit(_subhalo(args, partial), "the subhalo scan")
