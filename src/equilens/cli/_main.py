@@ -347,10 +347,7 @@ def _run(args, partial: Partial) -> int:
     try:
         if args.command == "demo":
             _check_solver(args.solver)
-            if not 1 <= args.workers <= MAX_WORKERS:
-                raise ValueError(
-                    f"--workers must be between 1 and {MAX_WORKERS}, got {args.workers}"
-                )
+            _check_workers(args.workers)
             if args.subhalo:
                 with dask_client(None, args.workers) as client:
                     out = run_demo_subhalo(args.output, partial, client)
@@ -476,8 +473,7 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
 
         if importlib.util.find_spec("nautilus") is None:
             raise ValueError("--nested needs nautilus-sampler: pip install 'equilens[sampling]'")
-    if not 1 <= args.workers <= MAX_WORKERS:
-        raise ValueError(f"--workers must be between 1 and {MAX_WORKERS}, got {args.workers}")
+    _check_workers(args.workers)
     _check_numbers(args)
     imaging = _imaging(args)
     _check_model(args, imaging, None)
@@ -505,6 +501,12 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
             client=client,
             nested=args.nested,
         )
+
+
+def _check_workers(workers: int) -> None:
+    """`--workers` of `equilens subhalo` and `equilens demo --subhalo`: 1 to MAX_WORKERS."""
+    if not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"--workers must be between 1 and {MAX_WORKERS}, got {workers}")
 
 
 def _exit(out: dict[str, str], what: str | None = None) -> int:
