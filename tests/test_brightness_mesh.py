@@ -119,6 +119,7 @@ def _best_log_evidence(term, model):
     return max(values)
 
 
+@slow_ci
 def test_a_compact_clump_is_fitted_better_with_the_same_number_of_source_pixels():
     # the evidence of the true mass with an 18x18 source: weighting the quantiles by the
     # brightness resolves the clump the magnification-adaptive mesh smears out

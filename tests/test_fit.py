@@ -77,6 +77,7 @@ def test_fits_recover_truth_within_reported_errors(solver):
     assert np.max(np.abs(z)) < 4.5, z
 
 
+@slow_ci
 def test_lm_fit_basics_and_no_retrace():
     data = _data(0)
     obj = el.Objective(el.GaussianLikelihood(data))
@@ -104,6 +105,7 @@ def test_lm_fit_basics_and_no_retrace():
     assert int(r3.num_steps) == 3 and r3.result == el.RESULTS.nonlinear_max_steps_reached
 
 
+@slow_ci
 @pytest.mark.precision_independent
 def test_solver_objects_and_names():
     data = _data(1)
@@ -133,6 +135,7 @@ def test_failure_is_reported_not_raised_with_throw_false():
         el.fit(obj, _start(_truth()), "lm", max_steps=-1)
 
 
+@slow_ci
 @pytest.mark.x64_only
 def test_multi_start_picks_the_best_start():
     data = _data(3)
@@ -212,6 +215,7 @@ def test_save_load_and_json(tmp_path):
         el.solve.load(tmp_path / "missing.eqx", r)
 
 
+@slow_ci
 def test_poisson_fit_with_bfgs():
     data = _data(5)
     obj = el.Objective(el.PoissonLikelihood(data, exposure_time=1500.0, background=0.5 * 0.06**2))
@@ -221,6 +225,7 @@ def test_poisson_fit_with_bfgs():
     assert "source.amp" in r.names  # fitted, not solved, under a Poisson likelihood
 
 
+@slow_ci
 def test_objective_functions_drive_optimistix_directly():
     data = _data(0)
     obj = el.Objective(el.GaussianLikelihood(data))

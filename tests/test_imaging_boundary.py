@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 import equilens as el
 from equilens import light, mass
+from helpers import slow_ci
 
 SETTINGS = settings(
     max_examples=40,
@@ -99,6 +100,7 @@ def test_imaging_from_arrays_refuses_exactly_the_bad_datasets(case):
     _check(lambda: el.Imaging(data, noise, psf, 0.1, mask=mask), data, noise, mask, kernel)
 
 
+@slow_ci
 @pytest.mark.precision_independent
 @SETTINGS
 @given(case=_dataset())

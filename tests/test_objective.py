@@ -14,7 +14,7 @@ import equilens as el
 from equilens import light, mass
 from equilens.objective import Parametrisation
 from equilens.terms import solve_amplitudes
-from helpers import fd_grad, rel_err
+from helpers import fd_grad, rel_err, slow_ci
 
 X64 = jax.config.read("jax_enable_x64")
 needs_x64 = pytest.mark.x64_only
@@ -97,6 +97,7 @@ def test_poisson_likelihood_matches_scipy(data):
         el.PoissonLikelihood(data, exposure_time=t, background=-10.0)
 
 
+@slow_ci
 @needs_x64
 def test_linear_solve_recovers_amplitudes_exactly():
     # noise-free data: the weighted least-squares amplitudes are the true ones
@@ -154,6 +155,7 @@ def test_nonnegative_solve_matches_scipy_nnls(data):
     assert rel_err(free_solved.amplitudes(), unconstrained) < 1e-8
 
 
+@slow_ci
 def test_nonnegative_solve_is_exact_for_a_multi_gaussian_lens_light():
     """Twenty overlapping Gaussians (a pixel to the mask radius) make a nearly degenerate
     basis: the solve must still reach SciPy's non-negative solution, never a negative
@@ -218,8 +220,9 @@ def _flat_objective(obj, system, param):
         "gaussian-linear",
         "gaussian-nonneg",
         "poisson",
-        "positions-source",
-        "positions-image",
+        # (the two of 13-17 s: in slow-ci, which CI runs)
+        pytest.param("positions-source", marks=[pytest.mark.slow, pytest.mark.ci]),
+        pytest.param("positions-image", marks=[pytest.mark.slow, pytest.mark.ci]),
         "positions-threshold",
     ],
 )

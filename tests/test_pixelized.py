@@ -593,6 +593,7 @@ def test_sparse_route_forward_mode_and_hessian_match_the_dense_route(dataset):
     assert rel_err(g_batch[1], g_second) < 1e-8
 
 
+@slow_ci
 @pytest.mark.parametrize(
     "mesh,reg",
     [
@@ -953,6 +954,7 @@ def test_positive_only_solve_matches_scipy_nnls(dataset):
     assert int(np.sum(ref == 0)) > 0  # the constraint is active somewhere
 
 
+@slow_ci
 @pytest.mark.x64_only
 def test_positive_only_solve_is_the_same_on_the_sparse_route(dataset):
     # the sparse route factorises on the host (LAPACK): same constrained solution, evidence
@@ -1677,6 +1679,7 @@ def test_host_system_gradient_outside_the_envelope(monkeypatch, kind):
         assert rel_err(g_host[1], g_dense[1]) < 1e-8
 
 
+@slow_ci
 @pytest.mark.x64_only
 def test_host_system_cotangents_of_every_operand():
     # the host system's reverse-mode rule in the mapping weights, the data and linear
@@ -1855,6 +1858,7 @@ def test_factor_store_keeps_the_newest_within_its_memory():
     assert store.take(big) == ("big",)
 
 
+@slow_ci
 @pytest.mark.precision_independent
 def test_sparse_kernels_run_with_single_threaded_blas(dataset, monkeypatch):
     # BLAS's own threads inside Numba's parallel loops oversubscribe the cores

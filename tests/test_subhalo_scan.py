@@ -498,6 +498,7 @@ def test_a_cells_fit_starts_from_the_best_of_its_start_grid():
     assert np.all(np.isnan(done[0, 1]))
 
 
+@slow_ci
 def test_the_polishing_fit_starts_from_the_best_two_of_its_grid_over_the_cell():
     """`polish_start`: the two lowest of the `n` x `n` x masses candidates over the cell, in
     the cell objective with the rest of the template held (brute force), the template's own
