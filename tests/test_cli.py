@@ -920,6 +920,7 @@ def _subhalo_args(paths, *extra):
         (("--start-grid", "-1"), "--start-grid must be between 0 and"),
         (("--polish", "1"), "--polish must be 0 (none) or between 2 and"),
         (("--smooth-starts", "-2"), "--smooth-starts must be between 0 and"),
+        (("--finer-meshes", "-1"), "--finer-meshes must be between 0 and"),
         (("--scheduler", "tcp://127.0.0.1:9", "--workers", "2"), "exclude each other"),
     ],
 )

@@ -15,6 +15,9 @@ from ._subhalo import MAX_WORKERS, dask_client, run_subhalo
 
 #: The most cells per side of `equilens subhalo --grid`.
 MAX_GRID = 20
+#: The most refinements of `equilens subhalo --finer-meshes` (32 -> 125 nodes a side: the
+#: mask's pixels bound it before, `equilens.solve.MAX_FILL`).
+MAX_FINER_MESHES = 6
 
 
 def _data_options(parser: argparse.ArgumentParser, what: str) -> None:
@@ -289,6 +292,14 @@ def main(argv: list[str] | None = None) -> int:
         "adapted to the source's brightness: a coarse source's misfit is what a subhalo "
         "absorbs)",
     )
+    shp.add_argument(
+        "--finer-meshes",
+        type=int,
+        default=1,
+        help="N: the smooth model's source mesh then refined up to N times (1.25 times the "
+        "nodes along each side) while its log-evidence rises by more than 10 (default 1; "
+        "0: the mesh as given)",
+    )
     shp.add_argument("--regularization", help="pixelized source regularization")
     shp.add_argument("--regularization-strength", type=float, default=None)
     shp.add_argument("--supersampling", type=int, default=1, help="sub-pixels per pixel side")
@@ -463,6 +474,10 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
         raise ValueError(
             f"--polish must be 0 (none) or between 2 and {MAX_GRID}, got {args.polish}"
         )
+    if not 0 <= args.finer_meshes <= MAX_FINER_MESHES:
+        raise ValueError(
+            f"--finer-meshes must be between 0 and {MAX_FINER_MESHES}, got {args.finer_meshes}"
+        )
     args.positions = args.positions_sigma = None
     args.power_law = False
     args.fixed_mask = True
@@ -495,6 +510,7 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
             solver=args.solver,
             max_steps=args.max_steps,
             mesh=args.mesh,
+            finer_meshes=args.finer_meshes,
             regularization="constant" if args.regularization is None else args.regularization,
             strength=args.regularization_strength,
             partial=partial,

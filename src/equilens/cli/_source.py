@@ -134,12 +134,14 @@ def _pixelized_stage(
     positions,
     progress,
     power_law=False,
+    finer_meshes=0,
 ) -> tuple[Any, Any, list, Any]:
     """`fit_pixelized` from a parametric fit (its mass and lens light, the lens light held),
     as `equilens fit --source pixelized` runs it: the regularization's strength fitted
     unless `strength` is given, the images of one source point held together (the given
     `positions`, or the images of the parametric source's centre), the power-law stage
-    when `power_law`. Returns the result, the inversion, the stage records and the
+    when `power_law`, up to `finer_meshes` finer source meshes kept where the evidence
+    rises (`fit_pixelized`). Returns the result, the inversion, the stage records and the
     held positions (or None)."""
     from ..solve import auto_positions, fit_pixelized, pixelized_model
 
@@ -156,5 +158,6 @@ def _pixelized_stage(
         positions=held,
         progress=progress,
         power_law=power_law,
+        finer_meshes=finer_meshes,
     )
     return result, inversion, stages, held

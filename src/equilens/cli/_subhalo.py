@@ -81,6 +81,7 @@ def run_subhalo(
     solver: str = "lm",
     max_steps: int | None = None,
     mesh: str | None = None,
+    finer_meshes: int = 1,
     regularization: str = "constant",
     strength: float | None = None,
     partial: Partial | None = None,
@@ -99,10 +100,14 @@ def run_subhalo(
     `OUT_smooth.pkl` with a fingerprint of its inputs: a rerun of the same data and settings
     reads the smooth model back, `equilens.cli._kept`, and resumes from the cells' file).
     Writes the JSON (the best subhalo, every cell's log-evidence, the smooth model's) and the
-    figure (`.png`). With a Dask `client`, the cells run on its workers. `nested`: the best
-    cell's evidence difference by nested sampling too (`subhalo_evidence`, under `"nested"`
-    in the JSON). Returns the paths and, under `"status"`, `"successful"` or what failed (the
-    smooth fit, or how many cells)."""
+    figure (`.png`). The pixelized source's mesh (`mesh`, default `brightness:32x32`)
+    is refined up to `finer_meshes` times (1.25 times the nodes along each side) while the
+    smooth model's evidence rises by more than 10 (`fit_pixelized(finer_meshes=)`): a
+    source too coarse for its galaxy leaves a misfit that a subhalo absorbs; the mesh
+    kept is in the JSON (`"mesh_kept"`). With a Dask `client`, the cells run on its
+    workers. `nested`: the best cell's evidence difference by nested sampling too
+    (`subhalo_evidence`, under `"nested"` in the JSON). Returns the paths and, under
+    `"status"`, `"successful"` or what failed (the smooth fit, or how many cells)."""
     from ..cosmology import LensCosmology
     from ..objective import Objective
     from ..solve import result_to_dict
@@ -143,6 +148,7 @@ def run_subhalo(
             "solver": solver,
             "max_steps": max_steps,
             "mesh": mesh_spec,
+            "finer_meshes": finer_meshes,
             "regularization": regularization,
             "strength": strength,
         },
@@ -167,6 +173,7 @@ def run_subhalo(
             progress,
             partial,
             source=source,
+            finer_meshes=finer_meshes,
         )
         write_smooth(kept_path, key, smooth, adapt_image)
     if pixelized:
@@ -178,7 +185,8 @@ def run_subhalo(
         objective = Objective(GaussianLikelihood(imaging))
     if partial is not None:
         partial.keep("smooth model", smooth)
-    print(f"  smooth model: {smooth.message()}; cells written to {cells} as they finish")
+    on = f" on a {_mesh_spec(str(mesh_spec), smooth.model)} source mesh" if pixelized else ""
+    print(f"  smooth model{on}: {smooth.message()}; cells written to {cells} as they finish")
     scan = subhalo_scan(
         objective,
         smooth,
@@ -213,6 +221,8 @@ def run_subhalo(
     out.update(extra or {})
     out["convention"] = CONVENTION
     out["source"] = source
+    if pixelized:
+        out["mesh_kept"] = _mesh_spec(str(mesh_spec), smooth.model)
     out["smooth_fit"] = result_to_dict(smooth)
     out["cells_file"] = cells
     out["smooth_file"] = kept_path
@@ -260,6 +270,7 @@ def _smooth_fit(
     partial: Partial | None,
     *,
     source: str,
+    finer_meshes: int = 0,
 ) -> tuple[Any, Any]:
     """The smooth model as `equilens fit` fits it (the parametric fit, then for a pixelized
     source the evidence chain): its `FitResult` and the chain's brightness estimate (the
@@ -284,9 +295,24 @@ def _smooth_fit(
     if not pixelized:
         return smooth, None
     smooth, inversion, _, _ = _pixelized_stage(
-        imaging, smooth, pix_mesh, pix_reg, strength, solver, max_steps, None, progress
+        imaging,
+        smooth,
+        pix_mesh,
+        pix_reg,
+        strength,
+        solver,
+        max_steps,
+        None,
+        progress,
+        finer_meshes=finer_meshes,
     )
     return smooth, inversion.adapt_image
+
+
+def _mesh_spec(spec: str, model: Any) -> str:
+    """`spec` (`KIND:NYxNX`) with the shape of `model`'s source mesh."""
+    ny, nx = model.source.mesh.shape
+    return f"{spec.partition(':')[0]}:{ny}x{nx}"
 
 
 def _write(path: str, out: dict[str, Any]) -> None:

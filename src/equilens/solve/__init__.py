@@ -61,6 +61,12 @@ from ._residuals import (
     arc_residuals as arc_residuals,
     lens_arc_residuals as lens_arc_residuals,
 )
+from ._resolution import (
+    MAX_FILL as MAX_FILL,
+    MESH_GAIN as MESH_GAIN,
+    MESH_STEP as MESH_STEP,
+    finer_mesh as finer_mesh,
+)
 from ._result import RESULTS as RESULTS, FitResult as FitResult
 from ._rivals import (
     RIVAL_THETA_E as RIVAL_THETA_E,
