@@ -135,7 +135,6 @@ def test_failure_is_reported_not_raised_with_throw_false():
         el.fit(obj, _start(_truth()), "lm", max_steps=-1)
 
 
-@slow_ci
 @pytest.mark.x64_only
 def test_multi_start_picks_the_best_start():
     data = _data(3)

@@ -593,17 +593,16 @@ def test_sparse_route_forward_mode_and_hessian_match_the_dense_route(dataset):
     assert rel_err(g_batch[1], g_second) < 1e-8
 
 
-@slow_ci
 @pytest.mark.parametrize(
     "mesh,reg",
     [
         ("rect", "constant"),
         # (the host pass runs in float64 whatever JAX's precision: one case checks the
-        # float32 program around it)
-        pytest.param("adaptive", "adaptive", marks=pytest.mark.precision_independent),
-        pytest.param("brightness", "constant", marks=pytest.mark.precision_independent),
-        pytest.param("delaunay", "constant", marks=pytest.mark.precision_independent),
-        pytest.param("delaunay", "matern", marks=pytest.mark.precision_independent),
+        # float32 program around it; the other meshes, 8-15 s each, in slow-ci)
+        pytest.param("adaptive", "adaptive", marks=[pytest.mark.slow, pytest.mark.ci]),
+        pytest.param("brightness", "constant", marks=[pytest.mark.slow, pytest.mark.ci]),
+        pytest.param("delaunay", "constant", marks=[pytest.mark.slow, pytest.mark.ci]),
+        pytest.param("delaunay", "matern", marks=[pytest.mark.slow, pytest.mark.ci]),
     ],
 )
 def test_sparse_route_gradient_matches_the_dense_route_in_every_parameter(
