@@ -293,6 +293,8 @@ def scan_one(
         # model: the look-elsewhere-free comparison, beside the best-cell statistic
         "any_cell": result.get("delta_log_evidence_grid"),
         "smooth_gain": result.get("smooth_gain"),
+        # the source mesh the smooth model's evidence chose (`--finer-meshes`)
+        "mesh": result.get("mesh_kept"),
     }
     return row
 
