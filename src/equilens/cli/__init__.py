@@ -80,7 +80,6 @@ from ._sample import choose_sampler as choose_sampler, run_sample as run_sample
 from ._source import (
     DEFAULT_DELAUNAY_NODES as DEFAULT_DELAUNAY_NODES,
     DEFAULT_MESH as DEFAULT_MESH,
-    DEFAULT_MESH_FILL as DEFAULT_MESH_FILL,
     DEFAULT_MESH_SHAPE as DEFAULT_MESH_SHAPE,
     MESHES as MESHES,
     REGULARIZATIONS as REGULARIZATIONS,

@@ -18,23 +18,23 @@ BRIGHTNESS_FLOOR = 0.1
 #: suite's bright arcs, log-evidence +2,300 over the 32x32 rectangular mesh at the same
 #: number of pixels and cost) ...
 DEFAULT_MESH = "adaptive:32x32"
-#: ... with at most this many source pixels per pixel of the mask (`default_mesh`: a
-#: smaller square mesh on a small mask, e.g. a Euclid cutout of a 1" lens)
-DEFAULT_MESH_FILL = 0.5
 
 
 def default_mesh(imaging, kind: str = "adaptive") -> str:
     """The `--mesh` spec used when none is given: `DEFAULT_MESH` (of `kind`, "adaptive"
     or "brightness"), or on a mask of fewer than 2,048 pixels an NxN mesh of at most
-    `DEFAULT_MESH_FILL` source pixels per masked pixel (an evidence needs more data than
-    source pixels). Raises `ValueError` for a mask too small for a pixelized source (under
-    128 pixels: an 8x8 mesh)."""
+    `equilens.solve.MAX_FILL` source pixels per masked pixel (an evidence needs more data
+    than source pixels; the bound of the chain's finer meshes too): a smaller square mesh
+    on a small mask, e.g. a Euclid cutout of a 1" lens. Raises `ValueError` for a mask too
+    small for a pixelized source (under 128 pixels: an 8x8 mesh)."""
     import math
 
     import numpy as np
 
+    from ..solve import MAX_FILL  # (here, not at the top: the CLI starts without JAX)
+
     n = int(np.asarray(imaging.mask).sum())
-    side = min(32, math.isqrt(int(n * DEFAULT_MESH_FILL)))
+    side = min(32, math.isqrt(int(n * MAX_FILL)))
     if side < 8:
         raise ValueError(
             f"the mask has {n} pixels: too few for a pixelized source (at least 128, for an "

@@ -22,7 +22,8 @@ MESH_STEP = 1.25
 #: real galaxy is worth ~100 (issue 50's suite, lens 2: +98 from 32 to 40 a side).
 MESH_GAIN = 10.0
 #: At most this many source pixels per pixel of the mask (an evidence needs more data than
-#: source pixels; the default mesh of the `equilens` command is bounded alike).
+#: source pixels): the finer meshes' bound and that of the `equilens` command's default
+#: mesh on a small mask (`equilens.cli._source.default_mesh`).
 MAX_FILL = 0.5
 
 
