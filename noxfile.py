@@ -240,6 +240,7 @@ def bench(session: nox.Session) -> None:
         "benchmarks/bench_step.py",
         "benchmarks/bench_pixelized.py",
         "benchmarks/bench_mesh.py",
+        "benchmarks/bench_regularization.py",
         "benchmarks/bench_numba.py",
         "benchmarks/bench_multiband.py",
         "benchmarks/bench_sharding.py",

@@ -227,6 +227,74 @@ def host_cholesky_solve(
     return _cholesky_solve(a, b)
 
 
+def _entries_logdet_host(rows, cols, values, *, n: int, cotangent: bool):
+    # log det of the symmetric matrix with these entries (`SparseSymmetric`'s convention),
+    # factored on the envelope of its pattern (a regularization's 5-point stencil on an
+    # N x N mesh: bandwidth N, n N^2 multiply-adds against n^3 / 3 dense); with
+    # `cotangent`, also d log det / d values (the selected inverse on the envelope, read at
+    # the entries: twice off the diagonal); NaN and zeros when it is not positive definite
+    from ._envelope_kernels import add_entries, entries_cotangent, inverse_envelope
+
+    dtype = values.dtype
+    rows, cols, values = host64(rows, cols, values)
+    _check_pattern(rows, cols, n)
+    rows, cols, values = kernel_operands(rows, cols, values)
+    a = np.zeros((n, n))  # (pages touched only on the envelope)
+    start = np.arange(n)
+    add_entries(a, start, rows, cols, values)
+    with blas_threads(_lapack_threads()):
+        u, _, start = _factor(a, start, triangular=False, scaled=False)
+        if u is None:
+            nan = np.asarray(np.nan, dtype)
+            return (nan, np.zeros(values.shape, dtype)) if cotangent else (nan,)
+        logdet = np.asarray(2.0 * np.sum(np.log(np.diagonal(u))), dtype)
+        if not cotangent:
+            return (logdet,)
+        inverse_envelope(u, start)
+    z, ones, zero = kernel_operands(u, np.ones(n), np.zeros(n))
+    g = entries_cotangent(z, ones, zero, zero, 1.0, rows, cols)
+    return logdet, g.astype(dtype, copy=False)
+
+
+def _entries_logdet_call(values, rows, cols, n: int, cotangent: bool):
+    shapes = (jax.ShapeDtypeStruct((), values.dtype),)
+    if cotangent:
+        shapes = (*shapes, jax.ShapeDtypeStruct(values.shape, values.dtype))
+    host = functools.partial(_entries_logdet_host, n=n, cotangent=cotangent)
+    return host_callback(host, shapes, rows, cols, values, vmap_method="sequential")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _entries_logdet(values, rows, cols, n):
+    return _entries_logdet_call(values, rows, cols, n, False)[0]
+
+
+def _entries_logdet_fwd(values, rows, cols, n):
+    logdet, g = _entries_logdet_call(values, rows, cols, n, True)
+    return logdet, (g, rows, cols)
+
+
+def _entries_logdet_bwd(n, residuals, l_bar):
+    del n
+    g, rows, cols = residuals
+    zero = np.zeros(rows.shape, jax.dtypes.float0)
+    return l_bar * g, zero, np.zeros(cols.shape, jax.dtypes.float0)
+
+
+_entries_logdet.defvjp(_entries_logdet_fwd, _entries_logdet_bwd)
+
+
+def host_entries_logdet(entries: SparseSymmetric) -> Scalar:
+    """`log det` of the symmetric positive-definite matrix `entries` (`SparseSymmetric`)
+    on the host CPU: factored on its pattern's envelope (`_envelope_kernels`), and
+    reverse-mode differentiable in its values (the selected inverse on the envelope, read
+    at the entries; computed in the forward call when differentiated). NaN (and a zero
+    cotangent) when it is not positive definite. For a brightness-adaptive regularization
+    on a 40 x 40 mesh it replaces a dense factorisation and inverse of 1,600 x 1,600
+    (docs/performance.md)."""
+    return _entries_logdet(entries.values, entries.rows, entries.cols, entries.n)
+
+
 def _rotate(v, k: int):
     # v's entries from k on, then those before: [linear, source] (the caller's order) ->
     # [source, linear] (the host system's) with k = n_linear, and back with k = n_source

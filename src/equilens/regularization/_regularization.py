@@ -231,6 +231,7 @@ class AdaptiveBrightness(AbstractRegularization):
 
     uses_signal: ClassVar[bool] = True
     fixed_sparsity: ClassVar[bool] = True
+    factored_logdet: ClassVar[bool] = True
     inner_coefficient: FloatScalar = eqx.field(metadata=describe(domain=POSITIVE, bounds=_POSITIVE))
     outer_coefficient: FloatScalar = eqx.field(metadata=describe(domain=POSITIVE, bounds=_POSITIVE))
     signal_scale: FloatScalar = eqx.field(metadata=describe(domain=POSITIVE, bounds=(0.0, 10.0)))

@@ -36,6 +36,11 @@ class AbstractRegularization(eqx.Module):
     #: envelope of `F + H` (a selected inverse). True for every built-in regularization;
     #: leave it False for a custom `H` whose pattern of zeros can change.
     fixed_sparsity: ClassVar[bool] = False
+    #: Whether the `log det H` of `sparse_matrix` is a factorisation of its entries (not a
+    #: closed form): a route that solves on the host CPU then takes it on the entries'
+    #: envelope there (`equilens.numba._host_linalg.host_entries_logdet`), not from the
+    #: dense `H`.
+    factored_logdet: ClassVar[bool] = False
 
     def __check_init__(self):
         check_fields(self)

@@ -212,6 +212,12 @@ class LogEvidence(AbstractImagingTerm):
         reg, log_det_reg = regularization_matrix(src.regularization, geometry, signal)
 
         chosen = choose(self.solver, n_s, k, n_r) if route is None else self._route(route)
+        if chosen.host and src.regularization.factored_logdet and isinstance(reg, SparseSymmetric):
+            # on the host, by its entries (the dense factorisation above is then unused,
+            # and left out of the compiled program)
+            from ..numba._host_linalg import host_entries_logdet
+
+            log_det_reg = host_entries_logdet(reg)
         problem = LinearProblem(
             idx=idx,
             w=w,
