@@ -347,3 +347,14 @@ def test_entries_log_det_of_a_matrix_not_positive_definite_is_nan_with_a_zero_co
     f = lambda v: host_entries_logdet(type(entries)(entries.rows, entries.cols, v, entries.n))
     assert bool(jnp.isnan(f(v)))
     assert bool(jnp.all(jax.grad(f)(v) == 0.0))
+
+
+def test_the_sparse_route_factors_a_regularizations_entries_and_the_dense_route_does_not():
+    from equilens.inversion import DenseRoute
+    from equilens.numba._sparse_route import SparseRoute
+
+    entries = _stencil_entries(6, 7)
+    expected = np.linalg.slogdet(np.asarray(entries.todense(), np.float64))[1]
+    assert DenseRoute().entries_logdet(entries) is None
+    got = SparseRoute.entries_logdet(None, entries)  # pyright: ignore[reportArgumentType]
+    assert abs(float(got) - expected) < TOL * abs(expected)

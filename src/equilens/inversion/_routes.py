@@ -156,6 +156,14 @@ class AbstractRoute(eqx.Module):
         """Solves `problem`; with `errors`, the solution keeps its Cholesky factor (for
         the source values' errors, differentiable as on every route)."""
 
+    def entries_logdet(self, h: SparseSymmetric) -> Scalar | None:
+        """`log det h` of a regularization given by its entries (one whose `log det H` is a
+        factorisation of them, `AbstractRegularization.factored_logdet`), computed the way
+        this route computes its own factorisations; None (the default) to keep the
+        regularization's own (its dense factorisation)."""
+        del h
+        return None
+
 
 class DenseRoute(AbstractRoute):
     """`C = W^(1/2) B M` as images (one batched FFT convolution of the mapping images),

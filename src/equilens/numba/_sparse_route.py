@@ -27,7 +27,7 @@ from typing import ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Int, Scalar
 
 from .._callback import host_callback
 from ..inversion import (
@@ -38,7 +38,8 @@ from ..inversion import (
     Solved,
     register_route,
 )
-from ._host_linalg import host_cholesky_solve, sparse_system_solve
+from ..source._geometry import SparseSymmetric
+from ._host_linalg import host_cholesky_solve, host_entries_logdet, sparse_system_solve
 from ._runtime import host64, numba_available, run_kernel
 from ._sparse_tables import SparseTables, sparse_tables, table_arrays
 
@@ -141,6 +142,10 @@ class SparseRoute(AbstractRoute):
     def cost(self, n_source: int, n_weights: int, n_pixels: int) -> float:
         del n_source, n_weights, n_pixels
         return math.inf
+
+    def entries_logdet(self, h: SparseSymmetric) -> Scalar:
+        """On the host, on the envelope of `h`'s pattern (`host_entries_logdet`)."""
+        return host_entries_logdet(h)
 
     def solve(self, problem: LinearProblem, errors: bool) -> Solved:
         p = problem

@@ -37,9 +37,9 @@ class AbstractRegularization(eqx.Module):
     #: leave it False for a custom `H` whose pattern of zeros can change.
     fixed_sparsity: ClassVar[bool] = False
     #: Whether the `log det H` of `sparse_matrix` is a factorisation of its entries (not a
-    #: closed form): a route that solves on the host CPU then takes it on the entries'
-    #: envelope there (`equilens.numba._host_linalg.host_entries_logdet`), not from the
-    #: dense `H`.
+    #: closed form): a route with its own factorisation of entries then takes it
+    #: (`AbstractRoute.entries_logdet`: the CPU's sparse route, on the entries' envelope),
+    #: not the dense `H`'s.
     factored_logdet: ClassVar[bool] = False
 
     def __check_init__(self):

@@ -212,12 +212,11 @@ class LogEvidence(AbstractImagingTerm):
         reg, log_det_reg = regularization_matrix(src.regularization, geometry, signal)
 
         chosen = choose(self.solver, n_s, k, n_r) if route is None else self._route(route)
-        if chosen.host and src.regularization.factored_logdet and isinstance(reg, SparseSymmetric):
-            # on the host, by its entries (the dense factorisation above is then unused,
-            # and left out of the compiled program)
-            from ..numba._host_linalg import host_entries_logdet
-
-            log_det_reg = host_entries_logdet(reg)
+        if src.regularization.factored_logdet and isinstance(reg, SparseSymmetric):
+            # the route's own factorisation of H's entries where it has one (the dense one
+            # above is then unused, and left out of the compiled program)
+            own = chosen.entries_logdet(reg)
+            log_det_reg = log_det_reg if own is None else own
         problem = LinearProblem(
             idx=idx,
             w=w,
