@@ -23,8 +23,17 @@ ROOTS = [
 # Concrete methods (and properties) of abstract classes that a final class may replace by an
 # analytic form (hessian, convergence), a sparse one (a regularization's H by its entries;
 # the default has none), or an instance's own answer (a multi-band term is least squares
-# when all of its bands are; an adaptive mesh uses the brightness when it has a weight floor).
-OVERRIDE_ALLOWLIST = {"hessian", "convergence", "sparse_matrix", "least_squares", "uses_signal"}
+# when all of its bands are; an adaptive mesh uses the brightness when it has a weight floor;
+# a route with its own factorisation of a regularization's entries, `entries_logdet`: the
+# default has none).
+OVERRIDE_ALLOWLIST = {
+    "hessian",
+    "convergence",
+    "sparse_matrix",
+    "least_squares",
+    "uses_signal",
+    "entries_logdet",
+}
 
 
 def _all_subclasses(cls):
