@@ -158,3 +158,30 @@ def test_the_evidence_chain_adapts_a_brightness_mesh_to_its_last_reconstruction(
     assert not np.allclose(np.asarray(inversion.adapt_image), np.asarray(data.data))
     source = result_to_dict(result)["components"][-1]
     assert source["mesh_weights"] == {"weight_floor": 0.1, "weight_power": 1.0}
+
+
+def test_brightness_weights_are_smooth_where_the_signal_power_is_tiny():
+    """`AdaptiveBrightness`'s weights `(inner S^p + outer (1 - S^p))^2` at the corner a fit
+    of the hyperparameters reached on the subhalo suite's lens 2 (`p` 6.6e-16, `outer`
+    3.3e13: `outer (1 - S^p)` ~ `outer p |log S|`): `1 - S^p` taken as `1 - S^p` was a
+    multiple of the machine epsilon there, the weights a staircase in the brightness
+    (and the log-evidence jumped by up to 1.9 between mass models 0.05 sigma apart); now
+    they follow the first-order series `outer p |log S|` (exact to `p^2`) and fall
+    strictly with the brightness, on both backends (one formula)."""
+    from equilens.regularization._regularization import brightness_weights
+
+    inner, outer, power = 9.0e-10, 3.3e13, 6.6e-16
+    signal = np.linspace(0.01, 0.99, 2001)
+    series = (inner + outer * power * -np.log(signal)) ** 2
+    for xp in (np, jnp):
+        w = np.asarray(brightness_weights(xp, xp.asarray(signal), inner, outer, power))
+        rtol = 1e-10 if xp is np or jax.config.read("jax_enable_x64") else 1e-5
+        np.testing.assert_allclose(w, series, rtol=rtol)
+        assert np.all(np.diff(w) < 0)
+    # the unlit (0) and the brightest (1) pixels: outer^2 and inner^2, as before
+    ends = np.asarray(brightness_weights(np, np.array([0.0, 1.0]), inner, outer, power))
+    np.testing.assert_allclose(ends, [outer**2, inner**2], rtol=1e-12)
+    # an ordinary power: the formula as written, to round-off
+    s = np.array([0.0, 0.2, 0.7, 1.0])
+    plain = (0.5 * np.where(s > 0, s**1.2, 0) + 3.0 * (1 - np.where(s > 0, s**1.2, 0))) ** 2
+    np.testing.assert_allclose(brightness_weights(np, s, 0.5, 3.0, 1.2), plain, rtol=1e-14)

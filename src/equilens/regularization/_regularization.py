@@ -214,10 +214,21 @@ class CurvatureRegularization(AbstractRegularization):
 def brightness_weights(xp, signal, inner, outer, power):
     """`AdaptiveBrightness`'s pixel weights `(inner S + outer (1 - S))^2`, `S` the
     brightness `signal` clipped to `[0, 1]` and raised to `power` (`xp`: the array
-    namespace, `jax.numpy` or NumPy)."""
+    namespace, `jax.numpy` or NumPy).
+
+    `1 - S` is `-expm1(power log signal)`, exact to round-off: computed as `1 - S` it is
+    a multiple of the machine epsilon where `power` is small, and a fit of the
+    hyperparameters can go there (`power -> 0` with `outer * power` finite is a weight
+    `(outer power log signal)^2`: on the subhalo suite's lens 2, `power` 6.6e-16 and
+    `outer` 3.3e13), where the weights then jump between those multiples as the mass
+    moves the traced pixels: the log-evidence jumped by up to 1.9 between mass models
+    0.05 sigma apart."""
     s = xp.clip(signal, 0.0, 1.0)
-    s = xp.where(s > 0, xp.where(s > 0, s, 1.0) ** power, 0.0)
-    return (inner * s + outer * (1.0 - s)) ** 2
+    lit = s > 0
+    t = power * xp.log(xp.where(lit, s, 1.0))
+    s_p = xp.where(lit, xp.exp(t), 0.0)
+    rest = xp.where(lit, -xp.expm1(t), 1.0)
+    return (inner * s_p + outer * rest) ** 2
 
 
 class AdaptiveBrightness(AbstractRegularization):
