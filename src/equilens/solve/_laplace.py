@@ -26,7 +26,7 @@ prior's parameter the data do not constrain) are floored there and counted.
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
@@ -43,8 +43,6 @@ from ._parametrise import parametrisation
 
 #: Eigenvalues of the Hessian below this fraction of the largest are floored there.
 LAPLACE_EIGEN_FLOOR = 1e-12
-#: Rounds of importance sampling after the smoothed Hessian (`smoothing="importance"`).
-IMPORTANCE_ROUNDS = 2
 #: Largest Newton step in any unconstrained coordinate (a bounded parameter's logit).
 LAPLACE_MAX_STEP = 4.0
 #: The step (unconstrained coordinates, float64; 30 times it in float32) of the central
@@ -192,7 +190,7 @@ def laplace_evidence(
     newton_steps: int = 8,
     smoothed: bool = False,
     smoothing_rounds: int = 3,
-    smoothing: str = "differences",
+    smoothing: Literal["differences", "importance"] = "differences",
 ) -> LaplaceEvidence:
     """The log-evidence of `objective` (a negative log posterior up to the priors of the
     bounds: a likelihood, or `LogEvidence`'s source-marginalised one) integrated over the
