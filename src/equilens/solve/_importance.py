@@ -38,8 +38,8 @@ from scipy.special import logsumexp
 
 #: The draws' seed: the same points (in whitened units) every call.
 IMPORTANCE_SEED = 20101
-#: Each round's Gaussian has the weighted covariance times this (a safety margin: an
-#: importance density narrower than the integrand in some direction has a large variance).
+#: Each round's Gaussian is the regression's (`_next_proposal`) widened by this in variance
+#: (a margin: an importance density narrower than the integrand has a large variance).
 IMPORTANCE_WIDEN = 1.3
 
 
