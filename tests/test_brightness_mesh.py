@@ -185,3 +185,61 @@ def test_brightness_weights_are_smooth_where_the_signal_power_is_tiny():
     s = np.array([0.0, 0.2, 0.7, 1.0])
     plain = (0.5 * np.where(s > 0, s**1.2, 0) + 3.0 * (1 - np.where(s > 0, s**1.2, 0))) ** 2
     np.testing.assert_allclose(brightness_weights(np, s, 0.5, 3.0, 1.2), plain, rtol=1e-14)
+
+
+def test_the_signal_floor_removes_the_weights_step_at_zero_brightness():
+    """With `signal_floor` (`AdaptiveBrightness`'s default 1e-4) a source pixel whose
+    brightness estimate reaches exactly 0 keeps the weight of an estimate at the floor: at
+    lens 2's fitted hyperparameters (`signal_scale -> 0`) the weight of an estimate of 0
+    was `outer^2`, 1e27 times that of an estimate of 1e-7 (the log-evidence jumped by
+    0.7-1.8 when the mass moved a pixel's estimate to 0). For an ordinary power the floor
+    changes no weight by more than a relative `2 floor^power`; the estimates above the
+    floor keep their weights exactly; both backends share the formula."""
+    from equilens.regularization._regularization import SIGNAL_FLOOR, brightness_weights
+
+    assert el.AdaptiveBrightness().signal_floor == SIGNAL_FLOOR == 1e-4
+    inner, outer, power = 9.0e-10, 3.3e13, 6.6e-16
+    faint = np.array([0.0, 1e-300, 1e-7, 5e-5, SIGNAL_FLOOR])
+    for xp in (np, jnp):
+        w = np.asarray(brightness_weights(xp, xp.asarray(faint), inner, outer, power, 1e-4))
+        at_floor = (inner + outer * power * -np.log(1e-4)) ** 2
+        rtol = 1e-10 if xp is np or jax.config.read("jax_enable_x64") else 1e-5
+        np.testing.assert_allclose(w, at_floor, rtol=rtol)
+    # without it (PyAutoLens's formula), the step
+    w0 = brightness_weights(np, faint[:3], inner, outer, power, 0.0)
+    assert w0[0] == pytest.approx(outer**2) and w0[0] / w0[2] > 1e26
+    # an ordinary power: at most 2 floor^power relative at and below the floor, nothing
+    # above it
+    s = np.array([0.0, 1e-6, 1e-4, 1e-3, 0.5, 1.0])
+    with_floor = brightness_weights(np, s, 0.5, 3.0, 1.2, 1e-4)
+    without = brightness_weights(np, s, 0.5, 3.0, 1.2, 0.0)
+    change = np.abs(with_floor / without - 1)
+    assert np.all(change[:3] <= 2 * 1e-4**1.2) and change[0] > 0
+    np.testing.assert_array_equal(with_floor[3:], without[3:])
+
+
+def test_a_fits_summary_names_the_signal_floor():
+    from equilens.solve import RESULTS, FitResult, result_to_dict
+
+    reg = el.AdaptiveBrightness(1.0, 2.0, 0.5, signal_floor=1e-3)
+    system = el.LensSystem(
+        mass=mass.SIE(theta_E=1.0), source=el.PixelizedSource(el.RectangularMesh((6, 6)), reg)
+    )
+    names = ("source.regularization.inner_coefficient",)
+    r = FitResult(
+        model=system,
+        value=jnp.zeros(()),
+        term_values=jnp.zeros(1),
+        chi2=jnp.zeros(()),
+        num_steps=jnp.zeros((), int),
+        result=RESULTS.successful,
+        covariance=jnp.full((1, 1), jnp.nan),
+        names=names,
+        n_data=100,
+        n_linear=0,
+        solver="bfgs",
+    )
+    source = result_to_dict(r)["components"][-1]
+    assert source["regularization"] == "AdaptiveBrightness"
+    assert source["signal_floor"] == 1e-3
+    assert source["parameters"]["regularization.signal_scale"]["value"] == 0.5

@@ -62,6 +62,12 @@ NAN, INF = math.nan, math.inf
         (lambda: CurvatureRegularization(0.0), "CurvatureRegularization.coefficient"),
         (lambda: AdaptiveBrightness(1.0, -1.0), "AdaptiveBrightness.outer_coefficient"),
         (
+            lambda: AdaptiveBrightness(1.0, 1.0, signal_floor=1.0),
+            "AdaptiveBrightness.signal_floor must be in [0, 1)",
+        ),
+        (lambda: AdaptiveBrightness(signal_floor=-1e-4), "AdaptiveBrightness.signal_floor"),
+        (lambda: AdaptiveBrightness(signal_floor=NAN), "AdaptiveBrightness.signal_floor"),
+        (
             lambda: MaternKernel(1.0, scale=-0.1),
             "MaternKernel.scale must be finite and in (0, inf)",
         ),

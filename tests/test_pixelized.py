@@ -209,7 +209,7 @@ def _np_regularization(reg, geo, signal):
         ridge = reg.ridge if isinstance(reg, el.ConstantRegularization) else RIDGE
         return lam * (h + ridge * np.eye(n))
     if isinstance(reg, el.AdaptiveBrightness):
-        sig = np.clip(signal, 0, 1) ** float(reg.signal_scale)
+        sig = np.clip(signal, reg.signal_floor, 1) ** float(reg.signal_scale)
         inner, outer = float(reg.inner_coefficient), float(reg.outer_coefficient)
         w = (inner * sig + outer * (1 - sig)) ** 2
         h = RIDGE * np.diag(w)
@@ -1241,13 +1241,17 @@ def test_adaptive_regularization_rounds_keep_the_adapt_image_of_the_best_round(m
     # image it was fitted with (its inversion gives that stage's evidence again)
     assert stages[2]["log_evidence"] > stages[1]["log_evidence"]
     best = max(s["log_evidence"] for s in stages[1:])
-    assert float(inversion.log_evidence) == pytest.approx(best, rel=1e-9)
+    # (the kept stage is run once more from its minimum for its errors: a few steps that
+    # can raise its evidence a little, 3e-5 here; another round's adapt image would move
+    # it by far more)
+    assert best - 1e-9 * abs(best) <= float(inversion.log_evidence) <= best + 1e-8 * abs(best)
     assert float(result.model.mass.components[0].theta_E) == pytest.approx(1.0, abs=0.01)
     # the inversion carries that stage's adapt image: the term built from it gives the
     # result's evidence again (what a scan or sampler of this model must use), the
     # default term (the data, lens light included, as adapt image) another one
     term = el.LogEvidence(imaging, adapt_image=inversion.adapt_image)
-    assert float(term.log_evidence(result.model)) == pytest.approx(best, rel=1e-9)
+    again = float(term.log_evidence(result.model))
+    assert again == pytest.approx(float(inversion.log_evidence), rel=1e-10)
     np.testing.assert_array_equal(term.adapt_image, inversion.adapt_image)
     data_term = el.LogEvidence(imaging)
     assert abs(float(data_term.log_evidence(result.model)) - best) > 1.0
@@ -1953,10 +1957,13 @@ def test_kept_triangulation_owns_its_nodes():
 @pytest.mark.x64_only
 def test_conditional_covariance_when_a_hyperparameter_is_unconstrained(dataset):
     # a zero adapt image: every source pixel's signal is 0, so AdaptiveBrightness weights
+    # (without a floor: PyAutoLens's formula)
     # every pixel with the outer coefficient and the inner one has no effect at all
     term = el.LogEvidence(dataset, adapt_image=np.zeros(dataset.shape))
     objective = el.Objective(term)
-    system = _system(el.RectangularMesh((10, 10)), el.AdaptiveBrightness(1.0, 1.0, 1.0), False)
+    system = _system(
+        el.RectangularMesh((10, 10)), el.AdaptiveBrightness(1.0, 1.0, 1.0, signal_floor=0.0), False
+    )
     free = el.select(system, lambda s: (s.mass.components[0].theta_E, s.source.regularization))
     from equilens.solve._covariance import _covariance_jit
     from equilens.solve._parametrise import parametrisation

@@ -26,7 +26,8 @@ import numpy as np
 from .._files import atomic_path
 
 #: The layout of the file (a change of it makes older files refitted, never misread).
-FORMAT = 1
+#: 2: `AdaptiveBrightness` gained `signal_floor` (a model pickled before it lacks the field).
+FORMAT = 2
 
 
 def fingerprint(imaging: Any, settings: dict[str, Any]) -> str:

@@ -308,7 +308,7 @@ def _logdet_psd(h: np.ndarray) -> float:
 def _adaptive_brightness(reg: AdaptiveBrightness, geometry: Geometry, signal: np.ndarray):
     names = ("inner_coefficient", "outer_coefficient", "signal_scale")
     inner, outer, power = (scalar(reg, n) for n in names)
-    w = brightness_weights(np, signal, inner, outer, power)
+    w = brightness_weights(np, signal, inner, outer, power, reg.signal_floor)
     rows = _gradient_rows(geometry)
     edge_w = 0.5 * (w[rows[0][:, 0]] + w[rows[0][:, 1]])
     entries = _with_ridge(gram_values(np, *rows, edge_w), RIDGE * w)

@@ -20,6 +20,7 @@ from .._multiband import MultiBandLensSystem
 from ..light import AbstractLightProfile, LightSum
 from ..mass import MassSum
 from ..objective._params import _child
+from ..regularization import AdaptiveBrightness
 from ..source import AdaptiveRectangularMesh, PixelizedSource
 from ._result import FitResult
 
@@ -256,6 +257,9 @@ def result_to_dict(result: FitResult, band_names: Sequence[str] | None = None) -
                     "weight_floor": mesh.weight_floor,
                     "weight_power": mesh.weight_power,
                 }
+            if isinstance(comp.regularization, AdaptiveBrightness):
+                # (its static setting: the fitted hyperparameters are in "parameters")
+                entry["signal_floor"] = comp.regularization.signal_floor
         comps.append(entry)
     return {
         "components": comps,
