@@ -193,8 +193,9 @@ def test_the_signal_floor_removes_the_weights_step_at_zero_brightness():
     lens 2's fitted hyperparameters (`signal_scale -> 0`) the weight of an estimate of 0
     was `outer^2`, 1e27 times that of an estimate of 1e-7 (the log-evidence jumped by
     0.7-1.8 when the mass moved a pixel's estimate to 0). For an ordinary power the floor
-    changes no weight by more than a relative `2 floor^power`; the estimates above the
-    floor keep their weights exactly; both backends share the formula."""
+    changes no weight by more than a relative `2 floor^power |inner - outer| / outer`;
+    the estimates above the floor keep their weights exactly; both backends share the
+    formula."""
     from equilens.regularization._regularization import SIGNAL_FLOOR, brightness_weights
 
     assert el.AdaptiveBrightness().signal_floor == SIGNAL_FLOOR == 1e-4
@@ -208,14 +209,16 @@ def test_the_signal_floor_removes_the_weights_step_at_zero_brightness():
     # without it (PyAutoLens's formula), the step
     w0 = brightness_weights(np, faint[:3], inner, outer, power, 0.0)
     assert w0[0] == pytest.approx(outer**2) and w0[0] / w0[2] > 1e26
-    # an ordinary power: at most 2 floor^power relative at and below the floor, nothing
-    # above it
+    # an ordinary power: at most 2 floor^power |inner - outer| / outer relative at and
+    # below the floor (inner above outer too), nothing above it
     s = np.array([0.0, 1e-6, 1e-4, 1e-3, 0.5, 1.0])
-    with_floor = brightness_weights(np, s, 0.5, 3.0, 1.2, 1e-4)
-    without = brightness_weights(np, s, 0.5, 3.0, 1.2, 0.0)
-    change = np.abs(with_floor / without - 1)
-    assert np.all(change[:3] <= 2 * 1e-4**1.2) and change[0] > 0
-    np.testing.assert_array_equal(with_floor[3:], without[3:])
+    for inner, outer in ((0.5, 3.0), (6.0, 1.0)):
+        with_floor = brightness_weights(np, s, inner, outer, 1.2, 1e-4)
+        without = brightness_weights(np, s, inner, outer, 1.2, 0.0)
+        change = np.abs(with_floor / without - 1)
+        bound = 2 * 1e-4**1.2 * abs(inner - outer) / outer
+        assert np.all(change[:3] <= 1.001 * bound) and change[0] > 0.5 * bound
+        np.testing.assert_array_equal(with_floor[3:], without[3:])
 
 
 def test_a_fits_summary_names_the_signal_floor():

@@ -257,9 +257,9 @@ class AdaptiveBrightness(AbstractRegularization):
     moved a traced pixel's estimate to 0 or from it. With the floor the weights are
     continuous in the estimate (on lens 2 the largest second difference of the
     log-evidence along each mass parameter's line fell from 0.16-1.98 to 0.03-0.40,
-    docs/pixelized.md). For an ordinary `signal_scale`
-    (about 1) the floor changes a pixel's weight by at most a relative `2 signal_floor
-    ^ signal_scale`."""
+    docs/pixelized.md). For an ordinary `signal_scale` (about 1) the floor changes only
+    the weights of pixels fainter than it, each by a relative `2 signal_floor^signal_scale
+    |inner - outer| / outer` at most (to first order in the floor)."""
 
     uses_signal: ClassVar[bool] = True
     fixed_sparsity: ClassVar[bool] = True
