@@ -398,6 +398,60 @@ def test_fit_scale_preconditions_the_solver_to_the_same_minimum_in_fewer_steps()
             el.fit(objective, start, "bfgs", scale=bad)
 
 
+class _Rippled(el.terms.AbstractTerm):
+    """A correlated quadratic bowl with ripples of amplitude 0.05 on scales of 1/3000: rough
+    below its errors (0.1-0.2), as a pixelized source's evidence is."""
+
+    def __call__(self, model):
+        a, b = model.a - 0.3, model.b + 0.2
+        bowl = 50.0 * (a**2 + b**2 + a * b)
+        return bowl + 0.05 * (jnp.sin(3e3 * model.a) + jnp.sin(2.7e3 * model.b))
+
+
+@pytest.mark.x64_only
+def test_fit_plateau_stops_a_fit_that_gains_too_little_over_its_last_steps():
+    """`fit(plateau=(steps, tolerance))`: a tolerance no step misses changes nothing (the
+    same fit to the bit); one every step misses ends the fit `steps` accepted steps after
+    its first, successful, short of the plain fit; for a minimiser and a least-squares
+    solver alike, and in `fit_batch` as in `fit`; bad values and the optax loop refused."""
+    objective = el.Objective(_Rippled())
+    start = _Point(jnp.asarray(1.2), jnp.asarray(-1.5))
+    kw = dict(max_steps=500, covariance=False)
+    plain = el.fit(objective, start, "bfgs", **kw)
+    same = el.fit(objective, start, "bfgs", plateau=(10, 1e-12), **kw)
+    assert float(same.value) == float(plain.value)
+    assert int(same.num_steps) == int(plain.num_steps)
+    short = el.fit(objective, start, "bfgs", plateau=(3, 1e6), **kw)
+    assert short.success
+    assert int(short.num_steps) < int(plain.num_steps)
+    assert float(short.value) > float(plain.value)
+    # a least-squares solver (its value half the squared residuals)
+    data = _data(0)
+    lsq = el.Objective(el.GaussianLikelihood(data))
+    lm = el.fit(lsq, _start(_truth()), "lm", **kw)
+    lm_same = el.fit(lsq, _start(_truth()), "lm", plateau=(10, 1e-12), **kw)
+    assert float(lm_same.value) == float(lm.value)
+    lm_short = el.fit(lsq, _start(_truth()), "lm", plateau=(2, 1e9), **kw)
+    assert lm_short.success and int(lm_short.num_steps) < int(lm.num_steps)
+    assert float(lm_short.value) > float(lm.value)
+    # `fit_batch` stops each element by the same rule
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), start, start)
+    batch = el.fit_batch(objective, stacked, "bfgs", plateau=(3, 1e6), route="loop", **kw)
+    assert float(batch.value[1]) == float(short.value)
+    assert int(batch.num_steps[1]) == int(short.num_steps)
+    for bad, match in (
+        ((0, 1.0), "steps must be an integer >= 1"),
+        ((-3, 1.0), "steps must be an integer >= 1"),
+        ((10, 0.0), "tolerance must be > 0"),
+        ((10, -1.0), "tolerance must be > 0"),
+        ((10, math.nan), "tolerance must be > 0"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            el.fit(objective, start, "bfgs", plateau=bad, **kw)
+    with pytest.raises(ValueError, match="not the optax loop"):
+        el.fit(objective, start, "adam", plateau=(10, 0.5), **kw)
+
+
 @pytest.mark.x64_only
 def test_smoothed_curvature_takes_at_most_rounds_positive_definite_rounds():
     """`smoothed_value_hessian` re-estimates its steps from each round's errors for at most

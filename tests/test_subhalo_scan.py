@@ -264,6 +264,42 @@ def test_scan_finds_an_injected_subhalo_refines_its_cell_and_resumes_from_its_ch
         subhalo_scan(objective, smooth, LC, refine=1, **kw)
 
 
+def _pixelized_lens(with_subhalo: bool):
+    """`_lens`'s images with a pixelized source (16 x 16 magnification-adaptive mesh,
+    constant regularization) modelled by the source-marginalised evidence, fitted smooth."""
+    objective, start = _lens(with_subhalo)
+    pixelized = el.Objective(el.LogEvidence(objective.terms[0].imaging))
+    mesh, reg = el.AdaptiveRectangularMesh((16, 16)), el.ConstantRegularization(1.0)
+    start = el.LensSystem(mass=start.mass, source=el.PixelizedSource(mesh, reg))
+    return pixelized, el.fit(pixelized, start, "bfgs", covariance=False)
+
+
+@slow_ci
+@pytest.mark.x64_only  # (in float32 the null image's sub-cells scatter from -34 to +14)
+def test_a_pixelized_scan_finds_an_injected_subhalo_and_none_where_there_is_none():
+    """The scan on a pixelized source's evidence, end to end (its defaults: the
+    regularization held, the smoothed Laplace evidence, the fits' plateau rule, the start
+    grid, the refinement, the smooth model's refits; no polishing fit): the
+    subhalo injected on the arc found in its cell (Delta log E > 10 and the best cell,
+    within 0.1" of (0, 0.9)", its mass to 0.3 dex); nothing above 5 in either cell of the
+    same lens without the subhalo, nor in the sub-cells of its best."""
+    centres = np.asarray([[0.1, 0.8], [-0.8, -0.6]])
+    kw = dict(grid=centres, half=0.3, kind="pseudo_jaffe", progress=False, polish=0)
+    objective, smooth = _pixelized_lens(True)
+    scan = subhalo_scan(objective, smooth, LC, **kw)
+    assert scan.held == ("source.regularization.coefficient",)
+    assert scan.failed == 0 and scan.best_index == 0
+    # (the far cell can gain too: a subhalo elsewhere absorbs part of an unmodelled one)
+    assert scan.delta_log_evidence[0] > max(10, scan.delta_log_evidence[1])
+    assert math.hypot(scan.best["center_x"] - 0.0, scan.best["center_y"] - 0.9) < 0.1
+    assert abs(scan.best["log10_mass"] - 9.7) < 0.3
+    objective, smooth = _pixelized_lens(False)
+    null = subhalo_scan(objective, smooth, LC, **kw)
+    assert null.failed == 0 and null.refinement is not None
+    assert np.all(null.delta_log_evidence < 5)
+    assert np.all(null.refinement.delta_log_evidence < 5)
+
+
 @slow_ci
 def test_scan_of_a_lens_without_subhalo_finds_none():
     objective, start = _lens(False)
@@ -761,7 +797,7 @@ def test_cells_are_fitted_in_units_of_the_smooth_models_errors(tmp_path):
     }
     path = tmp_path / "cells.jsonl"
     path.write_text(json.dumps({"header": header}) + "\n")  # (no "preconditioned")
-    now = {**header, "preconditioned": False, "second_start": False}
+    now = {**header, "preconditioned": False, "second_start": False, "fit_plateau": None}
     assert _cells._read_checkpoint(path, now) == []
     with pytest.raises(ValueError, match="another preconditioned"):
         _cells._read_checkpoint(path, {**now, "preconditioned": True})
@@ -770,7 +806,53 @@ def test_cells_are_fitted_in_units_of_the_smooth_models_errors(tmp_path):
     grid = {**header, "start_grid": 3, "start_masses": [9.0]}
     path.write_text(json.dumps({"header": grid}) + "\n")
     with pytest.raises(ValueError, match="another second_start"):
-        _cells._read_checkpoint(path, {**grid, "preconditioned": False, "second_start": True})
+        _cells._read_checkpoint(
+            path, {**grid, "preconditioned": False, "second_start": True, "fit_plateau": None}
+        )
+
+
+def test_the_scans_fit_tolerance_is_its_fits_plateau_and_in_its_checkpoint(tmp_path):
+    """`fit_plateau`: `(PLATEAU_STEPS, fit_tolerance)`, by default `FIT_TOLERANCE` for a
+    rough (pixelized) evidence and no rule otherwise; bad values refused; the scan's fits
+    get it (`_fit` passes it to `fit`: the same fit as `fit`'s own with it); a checkpoint
+    from before the key (no rule) is refused by a scan with one."""
+    from equilens.subhalo import _cells
+
+    assert _cells.fit_plateau(None, True) == (_cells.PLATEAU_STEPS, _cells.FIT_TOLERANCE)
+    assert _cells.fit_plateau(None, False) is None
+    assert _cells.fit_plateau(2.0, False) == (_cells.PLATEAU_STEPS, 2.0)
+    assert _cells.fit_plateau(0.0, True) is None  # (0: no rule)
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="fit_tolerance must be >= 0"):
+            _cells.fit_plateau(bad, True)
+    objective, start = _lens(False)
+    off = eqx.tree_at(lambda s: s.mass.components[0].theta_E, start, jnp.asarray(0.85))
+    rule = (3, 1e6)  # (every step misses it: the fit ends 3 accepted steps after its first)
+    mine = _cells._fit(objective, off, "bfgs", None, None, 300, plateau=rule)
+    ref = el.fit(objective, off, "bfgs", max_steps=300, covariance=False, plateau=rule)
+    plain = _cells._fit(objective, off, "bfgs", None, None, 300)
+    assert float(mine.value) == float(ref.value) and int(mine.num_steps) == int(ref.num_steps)
+    assert int(mine.num_steps) < int(plain.num_steps)
+    header = {
+        "format": _cells.CHECKPOINT_FORMAT,
+        "kind": "tnfw",
+        "mass_range": [6.0, 11.0],
+        "half": 0.5,
+        "centres": [[0.0, 0.0]],
+        "smooth_log_evidence": 1.0,
+        "start_grid": 0,
+        "start_masses": [],
+        "preconditioned": True,
+        "second_start": False,
+    }
+    rule = [_cells.PLATEAU_STEPS, _cells.FIT_TOLERANCE]
+    path = tmp_path / "cells.jsonl"
+    path.write_text(json.dumps({"header": header}) + "\n")  # (no "fit_plateau")
+    assert _cells._read_checkpoint(path, {**header, "fit_plateau": None}) == []
+    with pytest.raises(ValueError, match="another fit_tolerance"):
+        _cells._read_checkpoint(path, {**header, "fit_plateau": rule})
+    path.write_text(json.dumps({"header": {**header, "fit_plateau": rule}}) + "\n")
+    assert _cells._read_checkpoint(path, {**header, "fit_plateau": rule}) == []
 
 
 @pytest.mark.precision_independent

@@ -1,6 +1,7 @@
 """The `equilens` command's options, parsed and run (`main`)."""
 
 import argparse
+import math
 import os
 import sys
 
@@ -306,6 +307,14 @@ def main(argv: list[str] | None = None) -> int:
     shp.add_argument("--solver", default="lm", help="solver of the parametric fit")
     shp.add_argument("--max-steps", type=int, default=None, help="solver steps per fit")
     shp.add_argument(
+        "--fit-tolerance",
+        type=float,
+        default=None,
+        help="the scan's fits also stop when they gain less than this (log-evidence units) "
+        "over their last 10 steps (default 0.5 for a pixelized source, whose evidence is "
+        "rough on small scales; none for a parametric one)",
+    )
+    shp.add_argument(
         "--scheduler",
         help="address of a running Dask scheduler (tcp://HOST:PORT, or a scheduler file's "
         "path): the cells run on its workers (pip install equilens[cluster])",
@@ -478,6 +487,12 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
         raise ValueError(
             f"--finer-meshes must be between 0 and {MAX_FINER_MESHES}, got {args.finer_meshes}"
         )
+    if args.fit_tolerance is not None and not (
+        math.isfinite(args.fit_tolerance) and args.fit_tolerance > 0
+    ):
+        raise ValueError(
+            f"--fit-tolerance must be > 0 (log-evidence units), got {args.fit_tolerance}"
+        )
     args.positions = args.positions_sigma = None
     args.power_law = False
     args.fixed_mask = True
@@ -509,6 +524,7 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
             polish=args.polish,
             solver=args.solver,
             max_steps=args.max_steps,
+            fit_tolerance=args.fit_tolerance,
             mesh=args.mesh,
             finer_meshes=args.finer_meshes,
             regularization="constant" if args.regularization is None else args.regularization,

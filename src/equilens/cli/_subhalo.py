@@ -80,6 +80,7 @@ def run_subhalo(
     polish: int = 7,
     solver: str = "lm",
     max_steps: int | None = None,
+    fit_tolerance: float | None = None,
     mesh: str | None = None,
     finer_meshes: int = 1,
     regularization: str = "constant",
@@ -105,8 +106,9 @@ def run_subhalo(
     smooth model's evidence rises by more than 10 (`fit_pixelized(finer_meshes=)`): a
     source too coarse for its galaxy leaves a misfit that a subhalo absorbs; the mesh
     kept is in the JSON (`"mesh_kept"`). With a Dask `client`, the cells run on its
-    workers. `nested`: the best cell's evidence difference by nested sampling too
-    (`subhalo_evidence`, under `"nested"` in the JSON). Returns the paths and, under
+    workers. `fit_tolerance`: `subhalo_scan`'s (None: its default). `nested`: the best
+    cell's evidence difference by nested sampling too (`subhalo_evidence`, under
+    `"nested"` in the JSON). Returns the paths and, under
     `"status"`, `"successful"` or what failed (the smooth fit, or how many cells)."""
     from ..cosmology import LensCosmology
     from ..objective import Objective
@@ -199,6 +201,7 @@ def run_subhalo(
         kind=kind,  # pyright: ignore[reportArgumentType]
         solver=None if solver == "lm" and pixelized else solver,
         max_steps=500 if max_steps is None else max_steps,
+        fit_tolerance=fit_tolerance,
         checkpoint=cells,
         client=client,
         progress=progress,

@@ -39,6 +39,7 @@ def fit_batch(
     max_steps: int = 500,
     rtol: float | None = None,
     atol: float | None = None,
+    plateau: tuple[int, float] | None = None,
     batch_size: int | None = None,
     mesh: Mesh | None = None,
     covariance: bool = True,
@@ -69,7 +70,8 @@ def fit_batch(
     (`equilens.shard` docs); the results are the same.
 
     `covariance=False` skips each element's covariance (as in `fit`); `scale` (one
-    value per free scalar, shared by every element) preconditions each fit as in `fit`.
+    value per free scalar, shared by every element) preconditions each fit as in `fit`;
+    `plateau` stops each element's fit as in `fit`.
 
     `route` says how the batch is solved: `"vmap"` (one vectorised program per chunk, as
     above), `"loop"` (one compiled single fit, the program `fit` itself runs, called once
@@ -100,13 +102,13 @@ def fit_batch(
             is_leaf=lambda x: x is None,
         )
     kind, solver_obj, name, param = _prepare(
-        obj0, first, solver, free, bounds, max_steps, rtol, atol
+        obj0, first, solver, free, bounds, max_steps, rtol, atol, plateau
     )
     raw0 = jax.vmap(param.to_raw)(models)
     for i in range(jtu.tree_leaves(raw0)[0].shape[0]):
         param.check(_index(models, i))
 
-    limits = _limits(_index(raw0, 0), max_steps, rtol, atol)
+    limits = _limits(_index(raw0, 0), max_steps, rtol, atol, plateau)
     how = _how(IMPLICIT, None, covariance, max_steps)
     unit = _scale(scale, _index(raw0, 0))
 

@@ -39,12 +39,13 @@ from ._solvers import (
 @eqx.filter_jit
 @eqx.debug.assert_max_traces(max_traces=None)
 def _fit_core(kind, solver, objective, param, template, raw0, limits, progress, how, scale=None):
-    # `limits` (max_steps, rtol, atol) and the progress bar's period and id are arrays:
-    # changing them does not compile the fit again. `how`: optimistix's `adjoint` and
-    # `options`, and whether to compute the covariance. `scale`: None, or the flat array of
+    # `limits` (max_steps, rtol, atol, the plateau rule's steps and tolerance) and the
+    # progress bar's period and id are arrays: changing them does not compile the fit
+    # again. `how`: optimistix's `adjoint` and `options`, and whether to compute the
+    # covariance. `scale`: None, or the flat array of
     # `fit`'s `scale` (the solver then iterates on the parameters in those units).
     adjoint, options, covariance, static_steps = how
-    max_steps, rtol, atol = limits
+    max_steps, rtol, atol, plateau_steps, plateau_tol = limits
     z0, unravel = ravel_pytree(raw0)
     # Minimisers see (objective - reference) / n_data: the same minimum, with a gradient and
     # a value of order one (0.5 reduced chi2 for Gaussian data), which suits their unit
@@ -84,12 +85,15 @@ def _fit_core(kind, solver, objective, param, template, raw0, limits, progress, 
     # (pyright takes the solvers' abstract rtol/atol/norm for fields: `_Watched` gives
     # them as properties, as optimistix's own wrappers do)
     entry: Callable[..., Any]
+    # (the plateau rule's tolerance is the objective's: a least-squares solver's value is
+    # half the squared residuals, the objective less its constant; a minimiser's is `value`)
+    watch = dict(max_steps=max_steps, progress=progress, plateau_steps=plateau_steps)
     if kind == "least_squares":
         entry, fn = optx.least_squares, residuals
-        watched = _WatchedLeastSquares(solver=solver, max_steps=max_steps, progress=progress)  # pyright: ignore[reportCallIssue]
+        watched = _WatchedLeastSquares(solver=solver, plateau_tol=plateau_tol, **watch)  # pyright: ignore[reportCallIssue]
     else:
         entry, fn = optx.minimise, value
-        watched = _WatchedMinimiser(solver=solver, max_steps=max_steps, progress=progress)  # pyright: ignore[reportCallIssue]
+        watched = _WatchedMinimiser(solver=solver, plateau_tol=plateau_tol / n_scale, **watch)  # pyright: ignore[reportCallIssue]
     args = (objective, template, ref)
     sol = entry(
         fn, watched, y0, args, options, max_steps=static_steps, adjoint=adjoint, throw=False
@@ -108,18 +112,50 @@ def _fit_core(kind, solver, objective, param, template, raw0, limits, progress, 
     return best, total, values, objective.chi2(best), sol.stats["num_steps"], res, cov
 
 
-def _limits(raw0, max_steps: int, rtol: float, atol: float) -> tuple[Array, Array, Array]:
-    """`max_steps`, `rtol` and `atol` as arrays (the tolerances in the parameters' dtype)."""
+def _limits(
+    raw0, max_steps: int, rtol: float, atol: float, plateau: tuple[int, float] | None = None
+) -> tuple[Array, Array, Array, Array, Array]:
+    """`max_steps`, `rtol`, `atol` and `plateau`'s steps (0: none) and tolerance as arrays
+    (the tolerances in the parameters' dtype); `plateau` checked."""
     if int(max_steps) < 0:
         raise ValueError(f"max_steps must be >= 0, got {max_steps}")
+    steps, tol = (0, 0.0) if plateau is None else _plateau(plateau)
     dtype = jnp.result_type(*jtu.tree_leaves(raw0))
-    return jnp.asarray(int(max_steps)), jnp.asarray(rtol, dtype), jnp.asarray(atol, dtype)
+    return (
+        jnp.asarray(int(max_steps)),
+        jnp.asarray(rtol, dtype),
+        jnp.asarray(atol, dtype),
+        jnp.asarray(steps),
+        jnp.asarray(tol, dtype),
+    )
 
 
-def _prepare(objective, model, solver, free, bounds, max_steps, rtol, atol):
+def _plateau(plateau: Any) -> tuple[int, float]:
+    """`fit`'s `plateau` checked: `(steps >= 1, tolerance > 0)`."""
+    try:
+        steps, tol = plateau
+    except (TypeError, ValueError):
+        raise ValueError(f"plateau must be (steps, tolerance), got {plateau!r}") from None
+    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
+        raise ValueError(f"plateau's steps must be an integer >= 1, got {steps!r}")
+    try:
+        value = float(tol)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"plateau's tolerance must be > 0 (the objective's units), got {tol!r}")
+    return int(steps), value
+
+
+def _prepare(objective, model, solver, free, bounds, max_steps, rtol, atol, plateau=None):
     if not isinstance(objective, Objective):
         raise TypeError(f"objective must be an equilens Objective, got {type(objective)}")
     kind, solver_obj, name = _resolve(solver, objective, rtol, atol, max_steps)
+    if plateau is not None and kind == "optax":
+        raise ValueError(
+            f"plateau needs a solver whose accepted steps lower the objective (optimistix's "
+            f"minimisers and least-squares solvers), not the optax loop ({name})"
+        )
     param = parametrisation(objective, model, free, bounds)
     if param.n_free == 0:
         raise ValueError("no free parameters: `free` selects no floating-point leaf")
@@ -161,6 +197,7 @@ def fit(
     max_steps: int = 500,
     rtol: float | None = None,
     atol: float | None = None,
+    plateau: tuple[int, float] | None = None,
     throw: bool = True,
     progress: bool = False,
     covariance: bool = True,
@@ -187,6 +224,15 @@ def fit(
       `atol`: tolerances of named solvers (and of the optax loop's stopping rule: the
       objective changes by less than `atol + rtol |f|` for 10 steps in a row); default
       1e-6 in float64, 1e-3 in float32.
+    - `plateau`: None, or `(steps, tolerance)`: the fit also stops (converged) when the
+      objective at the solver's accepted point has fallen by less than `tolerance` (the
+      objective's units: a log-likelihood or log-evidence) over the last `steps` steps. For
+      objectives rough on small scales (a pixelized source's evidence), where a
+      quasi-Newton solver keeps taking tiny steps for tiny gains long after the tolerances
+      above would stop it on a smooth one; unlike a looser `atol`, one short step (a line
+      search's backtracking far from the minimum) does not stop the fit. Only the solver's
+      accepted steps count; refused for the optax loop (`"adam"`, `"lbfgs"`, an optax
+      transformation), whose steps need not lower the objective.
     - `throw`: raise if the fit fails (else read `result.result`): a `RuntimeError` with
       the reason, or, when `fit` is called inside a JAX transformation, an error from the
       device as with optimistix's `throw`.
@@ -230,10 +276,10 @@ def fit(
     model = _strong(model)
     rtol, atol = _default_tol(rtol), _default_tol(atol)
     kind, solver_obj, name, param = _prepare(
-        objective, model, solver, free, bounds, max_steps, rtol, atol
+        objective, model, solver, free, bounds, max_steps, rtol, atol, plateau
     )
     raw0 = param.to_raw(model)
-    limits = _limits(raw0, max_steps, rtol, atol)
+    limits = _limits(raw0, max_steps, rtol, atol, plateau)
     how = _how(adjoint, options, covariance, max_steps)
     unit = _scale(scale, raw0)
     traced = any(is_traced(x) for x in jtu.tree_leaves((objective, model)))

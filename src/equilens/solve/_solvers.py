@@ -113,6 +113,8 @@ class _WatchState(eqx.Module):
     steps: Array
     still: Array
     moved: Array
+    best: Array  # the lowest value at which the plateau rule last saw a gain
+    flat: Array  # steps since then
 
 
 _STALL = 20
@@ -135,12 +137,17 @@ class _Watched(eqx.Module):
     progress bar, and stops after `_STALL` rejected steps in a row (a rejected step leaves
     `y` unchanged: no decrease can be found at this floating-point precision; in float32 a
     trust region can shrink forever): a converged fit; before the first accepted step,
-    after `_STALL_START` (the first line search's halvings). Everything else, `postprocess`
-    included (`optx.BestSoFarMinimiser` returns its best point), is the wrapped solver's."""
+    after `_STALL_START` (the first line search's halvings). With `plateau_steps > 0`, it
+    also stops when the value at the accepted point (`_accepted_value`) has fallen by less
+    than `plateau_tol` over the last `plateau_steps` accepted steps (`fit`'s `plateau`, in
+    the solver's units). Everything else, `postprocess` included (`optx.BestSoFarMinimiser`
+    returns its best point), is the wrapped solver's."""
 
     solver: Any
     max_steps: Array
     progress: "_Progress"
+    plateau_steps: Array
+    plateau_tol: Array
 
     @property
     def rtol(self):
@@ -156,7 +163,9 @@ class _Watched(eqx.Module):
 
     def init(self, fn, y, args, options, f_struct, aux_struct, tags):
         inner = self.solver.init(fn, y, args, options, f_struct, aux_struct, tags)
-        return _WatchState(inner, jnp.array(0), jnp.array(0), jnp.array(False))
+        best = jnp.asarray(jnp.inf, self.plateau_tol.dtype)
+        zero, no = jnp.array(0), jnp.array(False)
+        return _WatchState(inner, zero, zero, no, best, zero)
 
     def step(self, fn, y, args, options, state, tags):
         new_y, inner, aux = self.solver.step(fn, y, args, options, state.inner, tags)
@@ -165,17 +174,54 @@ class _Watched(eqx.Module):
         steps = state.steps + 1
         _report(self.progress, steps)
         still = jnp.where(same, state.still + 1, 0)
-        return new_y, _WatchState(inner, steps, still, state.moved | ~same), aux
+        moved = state.moved | ~same
+        best, flat = state.best, state.flat
+        f = _accepted_value(inner)
+        if f is not None:
+            # accepted steps alone count (a rejected one, a line search's halving, is on its
+            # way to the next; `_STALL` ends a run of them), and before the first the
+            # solver's state holds no value yet
+            f = jnp.asarray(f, best.dtype)
+            gain = ~same & ((f < best - self.plateau_tol) | ~jnp.isfinite(best))
+            best = jnp.where(gain, f, best)
+            flat = jnp.where(gain, 0, jnp.where(same, flat, flat + 1))
+        return new_y, _WatchState(inner, steps, still, moved, best, flat), aux
 
     def terminate(self, fn, y, args, options, state, tags):
         done, res = self.solver.terminate(fn, y, args, options, state.inner, tags)
         done = done | (state.still >= jnp.where(state.moved, _STALL, _STALL_START))
+        done = done | ((self.plateau_steps > 0) & (state.flat >= self.plateau_steps))
         out = state.steps >= self.max_steps
         late = out & jnp.invert(done) & (res == optx.RESULTS.successful)
         return done | out, optx.RESULTS.where(late, optx.RESULTS.nonlinear_max_steps_reached, res)
 
     def postprocess(self, fn, y, aux, args, options, state, tags, result):
         return self.solver.postprocess(fn, y, aux, args, options, state.inner, tags, result)
+
+
+#: optimistix's records of the value at a solver's accepted point, and of its residuals
+_VALUED = (
+    optx.FunctionInfo.Eval,
+    optx.FunctionInfo.EvalGrad,
+    optx.FunctionInfo.EvalGradHessian,
+    optx.FunctionInfo.EvalGradHessianInv,
+)
+_RESIDUAL = (optx.FunctionInfo.Residual, optx.FunctionInfo.ResidualJac)
+
+
+def _accepted_value(inner: Any) -> Array | None:
+    """The value at the accepted point a solver's state holds: an optimistix quasi-Newton
+    or descent solver's `f_info.f`, half the squared residuals of a least-squares one's;
+    None for a state without one (`fit` refuses `plateau` for the optax loop, whose steps
+    need not decrease the objective; another solver's without one is never stopped by
+    the plateau rule)."""
+    info = getattr(inner, "f_info", None)
+    if isinstance(info, _VALUED):
+        return info.f
+    if isinstance(info, _RESIDUAL):
+        squares = [jnp.sum(jnp.square(r)) for r in jtu.tree_leaves(info.residual)]
+        return 0.5 * jnp.sum(jnp.stack(squares))
+    return None
 
 
 class _WatchedMinimiser(_Watched, optx.AbstractMinimiser):  # pyright: ignore[reportIncompatibleVariableOverride]

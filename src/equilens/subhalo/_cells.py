@@ -43,8 +43,9 @@ class CellSetup(NamedTuple):
     """What every cell of a scan shares: the scan's `objective`, the `cell_objective` (it
     plus the subhalo's priors), the `template` model (the smooth model plus a subhalo),
     the fit's `solver`, `free` parameters, `bounds` and `max_steps`, the `evidence`
-    function, the `quiet` log10 mass (`_no_worse_than_smooth`) and the fit's `scale`
-    (`equilens.fit`'s preconditioner, ordered as the cell's free parameters; or None)."""
+    function, the `quiet` log10 mass (`_no_worse_than_smooth`), the fit's `scale`
+    (`equilens.fit`'s preconditioner, ordered as the cell's free parameters; or None)
+    and its `plateau` (`equilens.fit`'s; None: none)."""
 
     objective: Objective
     cell_objective: Objective
@@ -56,6 +57,7 @@ class CellSetup(NamedTuple):
     evidence: Callable[..., LaplaceEvidence]
     quiet: float
     scale: np.ndarray | None = None
+    plateau: tuple[int, float] | None = None
 
 
 #: The cell fit's `scale` (`equilens.fit`'s preconditioner) of the subhalo's `u`, `v` and
@@ -63,6 +65,33 @@ class CellSetup(NamedTuple):
 #: range): between a detected subhalo's errors (about 0.02) and an unconstrained one's
 #: (about 2, the prior's width).
 SUBHALO_SCALE = 0.03
+#: `subhalo_scan`'s default `fit_tolerance` (log-evidence units) where the objective has a
+#: `LogEvidence` term: its roughness on small scales keeps a quasi-Newton fit stepping by
+#: thousandths of an error for hundreds of steps at `fit`'s default tolerances, for gains
+#: of a few tenths in all (docs/subhalo.md).
+FIT_TOLERANCE = 0.5
+#: The steps over which a scan's fit must gain `fit_tolerance` to go on (`fit`'s `plateau`).
+PLATEAU_STEPS = 10
+
+
+def fit_plateau(fit_tolerance: float | None, rough: bool) -> tuple[int, float] | None:
+    """`equilens.fit`'s `plateau` for a scan's fits from `subhalo_scan`'s `fit_tolerance`:
+    `(PLATEAU_STEPS, fit_tolerance)`, a fit stopping when it has gained less than
+    `fit_tolerance` over its last `PLATEAU_STEPS` steps; None (the default) is
+    `FIT_TOLERANCE` when `rough` (a pixelized source's evidence), else no plateau rule;
+    0: no plateau rule (`fit`'s tolerances alone)."""
+    if fit_tolerance is None:
+        if not rough:
+            return None
+        fit_tolerance = FIT_TOLERANCE
+    tol = float(fit_tolerance)
+    if not (math.isfinite(tol) and tol >= 0):
+        raise ValueError(
+            f"fit_tolerance must be >= 0 (log-evidence units; 0: none), got {fit_tolerance!r}"
+        )
+    return None if tol == 0 else (PLATEAU_STEPS, tol)
+
+
 #: The largest `scale` taken from the smooth model's errors (a direction its evidence
 #: leaves flat has an error as wide as the floor of its Hessian's eigenvalues allows).
 MAX_SCALE = 1.0
@@ -188,6 +217,7 @@ def _cell_task(setup: CellSetup, centre: np.ndarray, at: np.ndarray) -> CellReco
             setup.bounds,
             setup.max_steps,
             setup.scale,
+            setup.plateau,
         )
         tried.append((fitted, start))
     fitted, start = _better(tried)
@@ -232,6 +262,7 @@ def _vmapped(setup: CellSetup, centres: np.ndarray, starts: np.ndarray, todo: li
         covariance=False,
         route="vmap",
         scale=setup.scale,
+        plateau=setup.plateau,
     )
     for i in todo:
         tried = [(pick(batch, k), models[k]) for k, (j, _) in enumerate(runs) if j == i]
@@ -285,10 +316,11 @@ def _fit(
     bounds: Mapping[Where, Bounds] | None,
     max_steps: int,
     scale: np.ndarray | None = None,
+    plateau: tuple[int, float] | None = None,
 ) -> FitResult:
     """The scan's fit of `objective` from `start`, failures returned, not raised, and no
     covariance: a cell's (the scan's objective with the subhalo's priors in the fit's
-    coordinates) or the smooth model's; `scale` as in `fit`."""
+    coordinates) or the smooth model's; `scale` and `plateau` as in `fit`."""
     return fit(
         objective,
         start,
@@ -299,6 +331,7 @@ def _fit(
         throw=False,
         covariance=False,
         scale=scale,
+        plateau=plateau,
     )
 
 
@@ -330,6 +363,7 @@ def _no_worse_than_smooth(fitted: FitResult, start: LensSystem, setup: CellSetup
         setup.bounds,
         setup.max_steps,
         setup.scale,
+        setup.plateau,
     )
     value = float(again.value)
     return again if math.isfinite(value) and not value >= at_fit else fitted
@@ -388,19 +422,21 @@ def _read_checkpoint(path: Any, header: dict[str, Any]) -> list[dict[str, Any]] 
     # started at its centre, as with start_grid=0)
     # (and without "preconditioned", before the cell fits were: not preconditioned; without
     # "second_start", before the start grid's best was a second start: it replaced the
-    # default start)
+    # default start; without "fit_plateau", before the scan's fits had one: none)
     old = {
         "start_grid": 0,
         "start_masses": [],
         "preconditioned": False,
         "second_start": False,
+        "fit_plateau": None,
         **lines[0]["header"],
     }
     keys = ("format", "kind", "mass_range", "centres", "start_grid", "start_masses")
-    for key in (*keys, "preconditioned", "second_start"):
+    for key in (*keys, "preconditioned", "second_start", "fit_plateau"):
         if old.get(key) != header[key]:
+            name = "fit_tolerance" if key == "fit_plateau" else key
             raise ValueError(
-                f"{path} holds a scan with another {key}: remove it or pass another checkpoint"
+                f"{path} holds a scan with another {name}: remove it or pass another checkpoint"
             )
     if not np.isclose(old["half"], header["half"]) or not np.isclose(
         old["smooth_log_evidence"], header["smooth_log_evidence"], rtol=0, atol=1e-6

@@ -48,6 +48,7 @@ from ._cells import (
     _read_checkpoint,
     _run_cells,
     cell_scale,
+    fit_plateau,
 )
 from ._grid import scan_cells, tile
 from ._polish import POLISH_GRID, cell_template, check_polish, polished
@@ -279,6 +280,7 @@ def subhalo_scan(
     bounds: Mapping[Where, Bounds] | None = None,
     solver: str | None = None,
     max_steps: int = 500,
+    fit_tolerance: float | None = None,
     precondition: bool = True,
     smoothed: bool | None = None,
     refit_smooth: bool = True,
@@ -332,6 +334,13 @@ def subhalo_scan(
       functions see the model with its mass as a `MassSum`.
     - `solver`: default `"lm"` for a least-squares objective, else `"bfgs"`;
       `max_steps` per cell.
+    - `fit_tolerance`: every fit of the scan (the cells', the smooth model's refits) also
+      stops when it has gained less than `fit_tolerance` (log-evidence units) over its last
+      `PLATEAU_STEPS` (10) steps (`equilens.fit`'s `plateau`; `_cells.fit_plateau`).
+      Default `FIT_TOLERANCE` (0.5) when the objective has a `LogEvidence` term, whose
+      roughness on small scales keeps a fit at `fit`'s default tolerances stepping by
+      thousandths of an error for hundreds of steps for gains of a few tenths in all
+      (docs/subhalo.md); else none. 0: none (`fit`'s tolerances alone).
     - `precondition`: fit each cell in units of the smooth model's errors (`equilens.fit`'s
       `scale`: its Laplace evidence's `raw_errors`, `SUBHALO_SCALE` for the subhalo's
       parameters), where a quasi-Newton solver's unit first Hessian is about right: the
@@ -411,6 +420,9 @@ def subhalo_scan(
         host_theta_E = float(getattr(smooth.mass.components[0], "theta_E", 1.0))  # pyright: ignore[reportAttributeAccessIssue]
     if not float(host_theta_E) > 0:
         raise ValueError(f"host_theta_E must be > 0 arcsec, got {host_theta_E}")
+    pixelized = any(isinstance(t, LogEvidence) for t in objective.terms)
+    smoothed = pixelized if smoothed is None else smoothed
+    plateau = fit_plateau(fit_tolerance, pixelized)
     centres, half = _cells(objective, grid, half)
     free, held = scan_free(objective, smooth, free, bounds)
     solver = solver or ("lm" if objective.least_squares else "bfgs")
@@ -421,7 +433,7 @@ def subhalo_scan(
         # and step limit; the fit given may have had other terms, such as a positions
         # guard, or stopped elsewhere): the comparison is then of like with like, and the
         # cells start from it
-        refit = _fit(objective, smooth, solver, free, bounds, max_steps)
+        refit = _fit(objective, smooth, solver, free, bounds, max_steps, plateau=plateau)
         if not math.isfinite(float(refit.value)):
             raise RuntimeError(f"subhalo_scan: the smooth model's refit failed: {refit.message()}")
         smooth = _as_sum(refit.model)
@@ -455,8 +467,6 @@ def subhalo_scan(
     )
     sub_free = _free_with_subhalo(objective, smooth, free, bounds, template)
 
-    if smoothed is None:
-        smoothed = any(isinstance(t, LogEvidence) for t in objective.terms)
     evidence = functools.partial(laplace_evidence, smoothed=smoothed)
     try:
         smooth_ev = evidence(objective, smooth, free=free, bounds=bounds)
@@ -478,6 +488,8 @@ def subhalo_scan(
         "preconditioned": bool(precondition),
         # (the start grid's best is a second start, the default start kept: since 2026-12-04)
         "second_start": bool(start_grid),
+        # (the fits' plateau rule, `fit_plateau`; None: none, as before 2026-12-05)
+        "fit_plateau": None if plateau is None else list(plateau),
     }
     records = _read_checkpoint(checkpoint, header)
     if checkpoint is not None and records is None:
@@ -498,6 +510,7 @@ def subhalo_scan(
         evidence,
         lo + QUIET_DEX,
         cell_scale(smooth_ev, param.paths(template)) if precondition else None,
+        plateau,
     )
     run = functools.partial(
         _run_cells,
@@ -572,6 +585,7 @@ def subhalo_scan(
         bounds,
         max_steps,
         evidence,
+        plateau,
         client=client,
         checkpoint=checkpoint,
         records=records,

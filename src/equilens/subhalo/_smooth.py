@@ -182,12 +182,13 @@ def _smooth_again(
     bounds: Mapping[Where, Bounds] | None,
     max_steps: int,
     evidence: Callable[..., LaplaceEvidence],
+    plateau: tuple[int, float] | None = None,
 ) -> LaplaceEvidence | None:
     """The smooth model's evidence from a fit started at `model` (a cell's fit) without its
-    subhalo; None when that fit or its evidence fails."""
+    subhalo (`plateau`: the fit's, as in `fit`); None when that fit or its evidence fails."""
     comps = model.mass.components[:-1]  # pyright: ignore[reportAttributeAccessIssue]
     start = eqx.tree_at(lambda s: s.mass, model, MassSum(tuple(comps)))
-    r = _fit(objective, start, solver, free, bounds, max_steps)
+    r = _fit(objective, start, solver, free, bounds, max_steps, plateau=plateau)
     if not math.isfinite(float(r.value)):
         return None
     try:
