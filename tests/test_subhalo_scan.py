@@ -761,6 +761,22 @@ def test_dask_tasks_of_two_scans_with_one_set_up_have_keys_of_their_own(monkeypa
 
 
 @pytest.mark.precision_independent
+def _old_header() -> dict:
+    """A checkpoint's header with the keys it had before the preconditioner."""
+    from equilens.subhalo import _cells
+
+    return {
+        "format": _cells.CHECKPOINT_FORMAT,
+        "kind": "tnfw",
+        "mass_range": [6.0, 11.0],
+        "half": 0.5,
+        "centres": [[0.0, 0.0]],
+        "smooth_log_evidence": 1.0,
+        "start_grid": 0,
+        "start_masses": [],
+    }
+
+
 def test_cells_are_fitted_in_units_of_the_smooth_models_errors(tmp_path):
     """The cell fit's preconditioner (`cell_scale`): the smooth model's errors in the fit's
     coordinates for the parameters both share (at most `MAX_SCALE`: a direction the
@@ -785,16 +801,7 @@ def test_cells_are_fitted_in_units_of_the_smooth_models_errors(tmp_path):
     np.testing.assert_array_equal(
         scale, [1e-4, _cells.MAX_SCALE, _cells.SUBHALO_SCALE, _cells.SUBHALO_SCALE]
     )
-    header = {
-        "format": _cells.CHECKPOINT_FORMAT,
-        "kind": "tnfw",
-        "mass_range": [6.0, 11.0],
-        "half": 0.5,
-        "centres": [[0.0, 0.0]],
-        "smooth_log_evidence": 1.0,
-        "start_grid": 0,
-        "start_masses": [],
-    }
+    header = _old_header()
     path = tmp_path / "cells.jsonl"
     path.write_text(json.dumps({"header": header}) + "\n")  # (no "preconditioned")
     now = {**header, "preconditioned": False, "second_start": False, "fit_plateau": None}
@@ -833,18 +840,7 @@ def test_the_scans_fit_tolerance_is_its_fits_plateau_and_in_its_checkpoint(tmp_p
     plain = _cells._fit(objective, off, "bfgs", None, None, 300)
     assert float(mine.value) == float(ref.value) and int(mine.num_steps) == int(ref.num_steps)
     assert int(mine.num_steps) < int(plain.num_steps)
-    header = {
-        "format": _cells.CHECKPOINT_FORMAT,
-        "kind": "tnfw",
-        "mass_range": [6.0, 11.0],
-        "half": 0.5,
-        "centres": [[0.0, 0.0]],
-        "smooth_log_evidence": 1.0,
-        "start_grid": 0,
-        "start_masses": [],
-        "preconditioned": True,
-        "second_start": False,
-    }
+    header = {**_old_header(), "preconditioned": True, "second_start": False}
     rule = [_cells.PLATEAU_STEPS, _cells.FIT_TOLERANCE]
     path = tmp_path / "cells.jsonl"
     path.write_text(json.dumps({"header": header}) + "\n")  # (no "fit_plateau")
