@@ -921,8 +921,8 @@ def _subhalo_args(paths, *extra):
         (("--polish", "1"), "--polish must be 0 (none) or between 2 and"),
         (("--smooth-starts", "-2"), "--smooth-starts must be between 0 and"),
         (("--finer-meshes", "-1"), "--finer-meshes must be between 0 and"),
-        (("--fit-tolerance", "0"), "--fit-tolerance must be > 0"),
-        (("--fit-tolerance", "nan"), "--fit-tolerance must be > 0"),
+        (("--fit-tolerance", "-1"), "--fit-tolerance must be >= 0"),
+        (("--fit-tolerance", "nan"), "--fit-tolerance must be >= 0"),
         (("--scheduler", "tcp://127.0.0.1:9", "--workers", "2"), "exclude each other"),
     ],
 )

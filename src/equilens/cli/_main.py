@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the scan's fits also stop when they gain less than this (log-evidence units) "
         "over their last 10 steps (default 0.5 for a pixelized source, whose evidence is "
-        "rough on small scales; none for a parametric one)",
+        "rough on small scales; none for a parametric one; 0: none)",
     )
     shp.add_argument(
         "--scheduler",
@@ -488,10 +488,10 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
             f"--finer-meshes must be between 0 and {MAX_FINER_MESHES}, got {args.finer_meshes}"
         )
     if args.fit_tolerance is not None and not (
-        math.isfinite(args.fit_tolerance) and args.fit_tolerance > 0
+        math.isfinite(args.fit_tolerance) and args.fit_tolerance >= 0
     ):
         raise ValueError(
-            f"--fit-tolerance must be > 0 (log-evidence units), got {args.fit_tolerance}"
+            f"--fit-tolerance must be >= 0 (log-evidence units; 0: none), got {args.fit_tolerance}"
         )
     args.positions = args.positions_sigma = None
     args.power_law = False

@@ -42,8 +42,8 @@ def _fit_core(kind, solver, objective, param, template, raw0, limits, progress, 
     # `limits` (max_steps, rtol, atol, the plateau rule's steps and tolerance) and the
     # progress bar's period and id are arrays: changing them does not compile the fit
     # again. `how`: optimistix's `adjoint` and `options`, and whether to compute the
-    # covariance. `scale`: None, or the flat array of
-    # `fit`'s `scale` (the solver then iterates on the parameters in those units).
+    # covariance. `scale`: None, or the flat array of `fit`'s `scale` (the solver then
+    # iterates on the parameters in those units).
     adjoint, options, covariance, static_steps = how
     max_steps, rtol, atol, plateau_steps, plateau_tol = limits
     z0, unravel = ravel_pytree(raw0)
@@ -226,7 +226,7 @@ def fit(
       1e-6 in float64, 1e-3 in float32.
     - `plateau`: None, or `(steps, tolerance)`: the fit also stops (converged) when the
       objective at the solver's accepted point has fallen by less than `tolerance` (the
-      objective's units: a log-likelihood or log-evidence) over the last `steps` steps. For
+      objective's units: a log-likelihood or log-evidence) over its last `steps` steps. For
       objectives rough on small scales (a pixelized source's evidence), where a
       quasi-Newton solver keeps taking tiny steps for tiny gains long after the tolerances
       above would stop it on a smooth one; unlike a looser `atol`, one short step (a line
