@@ -33,9 +33,16 @@ others; the subhalo reported is the best sub-cell's. Results are written per ima
 finish (`rows.json`); a rerun skips the images already scanned, and a scan interrupted
 half-way resumes from its cells' file (`equilens subhalo`'s checkpoint).
 
+The suite is a measurement of one version of the code: every row records the last commit
+that changed `src/` (`src_commit`, and `src_dirty` when `src/` had uncommitted changes),
+and a folder holding rows of another version is refused (`--allow-mixed` where the change
+between them is known not to move the numbers). The finished rows of a version are kept in
+the repository (`validation/results/subhalo_suite/`), so a suite longer than one sitting
+accumulates.
+
     python validation/subhalo_suite.py --output subhalo_out [--lenses 0,1,2]
         [--which both|injected|null] [--workers 2] [--make-only]
-        [--regularization constant|adaptive]
+        [--regularization constant|adaptive] [--allow-mixed]
 
 Needs lenstronomy and scikit-image (the `crosscheck` extra) and, for `--workers`, the
 `cluster` extra.
@@ -220,6 +227,46 @@ def write(lens: dict, sim: dict, folder: str) -> dict[str, dict[str, str]]:
     return paths
 
 
+def code_version() -> dict:
+    """The version of the code the scans run: the last commit that changed `src/` (short
+    hash) and whether `src/` has uncommitted changes; `None` for both outside a git
+    checkout."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
+            )
+        except (OSError, subprocess.CalledProcessError):
+            return None
+        return done.stdout.strip()
+
+    commit = git("log", "-1", "--format=%h", "--", "src")
+    dirty = git("status", "--porcelain", "--", "src")
+    return {"src_commit": commit or None, "src_dirty": None if dirty is None else bool(dirty)}
+
+
+def imported_equilens() -> str:
+    """Where the scans' processes (this interpreter, this environment) import equilens
+    from: its package folder."""
+    command = "import equilens, os; print(os.path.dirname(equilens.__file__))"
+    done = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+def version_label(row: dict) -> str:
+    """A row's (or `code_version`'s) version as text: the commit, `+` when `src/` was dirty."""
+    return f"{row.get('src_commit')}{'+' if row.get('src_dirty') else ''}"
+
+
+def other_versions(rows: list[dict], version: dict) -> list[dict]:
+    """The rows of `rows` scanned by another version of the code than `version` (a row
+    without a recorded version counts as another)."""
+    mine = (version["src_commit"], version["src_dirty"])
+    return [r for r in rows if (r.get("src_commit"), r.get("src_dirty")) != mine]
+
+
 def scan_one(
     lens: dict,
     paths: dict[str, str],
@@ -263,7 +310,13 @@ def scan_one(
     t0 = time.perf_counter()
     command = "import sys; from equilens.cli import main; sys.exit(main(sys.argv[1:]))"
     code = subprocess.run([sys.executable, "-c", command, *argv], check=False).returncode
-    row = {"lens": lens["index"], "which": which, "exit": code, "wall_s": time.perf_counter() - t0}
+    row = {
+        "lens": lens["index"],
+        "which": which,
+        "exit": code,
+        "wall_s": time.perf_counter() - t0,
+        **code_version(),
+    }
     if not os.path.exists(out):
         return {**row, "status": "no result"}
     with open(out) as f:
@@ -338,10 +391,12 @@ def table(rows: list[dict], truths: dict[int, dict]) -> str:
         f'within {RECOVERED}" of the truth; null: {null_ok} of {n_null} without a detection '
         f"(best Delta log E < {NULL_PASS:g})"
     )
+    versions = sorted({version_label(r) for r in rows})
+    lines.append(f"code: src at {', '.join(versions)}" + (" (mixed)" if len(versions) > 1 else ""))
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", default="subhalo_out")
     parser.add_argument("--lenses", default=None, help="comma-separated indices (default all)")
@@ -354,16 +409,48 @@ def main() -> int:
         choices=["constant", "adaptive"],
         help="the pixelized source's (equilens subhalo --regularization); one output folder each",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="add rows to a folder holding rows of another version of src/ (one whose "
+        "change is known not to move the numbers)",
+    )
+    args = parser.parse_args(argv)
     os.makedirs(args.output, exist_ok=True)
     picked = (
         list(range(N_LENSES)) if args.lenses is None else [int(v) for v in args.lenses.split(",")]
     )
     kinds = ["injected", "null"] if args.which == "both" else [args.which]
-    stamps = hdf_galaxies()
     record = os.path.join(args.output, "rows.json")
-    rows = json.load(open(record)) if os.path.exists(record) else []
+    rows = []
+    if os.path.exists(record):
+        with open(record) as f:
+            rows = json.load(f)
     done = {(r["lens"], r["which"]) for r in rows}
+    version = code_version()
+    here = pathlib.Path(__file__).resolve().parent.parent / "src" / "equilens"
+    used = imported_equilens()
+    if not args.make_only and pathlib.Path(used or "/nonexistent").resolve() != here:
+        # the version recorded is this checkout's: the scans must run its code
+        print(
+            f"the scans would import equilens from {used or '(nowhere)'}, not this "
+            f"checkout's {here}: install it editable (pip install -e .) or set "
+            "PYTHONPATH to its src/",
+            file=sys.stderr,
+        )
+        return 2
+    others = other_versions(rows, version)
+    if others and not args.make_only:
+        seen = ", ".join(sorted({version_label(r) for r in others}))
+        print(
+            f"{record} holds {len(others)} rows of src {seen}; this checkout's src is "
+            f"{version_label(version)}: use another --output (one version a folder), or "
+            "--allow-mixed where the change does not move the numbers",
+            file=sys.stderr,
+        )
+        if not args.allow_mixed:
+            return 2
+    stamps = hdf_galaxies()
     truths = {}
     for i in picked:
         lens = draw_lens(i, len(stamps))
