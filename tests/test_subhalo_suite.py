@@ -73,14 +73,14 @@ def test_scans_that_would_run_other_code_are_refused(suite, tmp_path, monkeypatc
 def test_the_version_is_the_last_commit_that_changed_src(suite):
     import subprocess
 
-    try:
-        expected = subprocess.run(
-            ["git", "-C", str(SUITE.parents[1]), "log", "-1", "--format=%h", "--", "src"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("not a git checkout")
+    done = subprocess.run(
+        ["git", "-C", str(SUITE.parents[1]), "log", "-1", "--format=%h", "--", "src"],
+        capture_output=True,
+        text=True,
+    )
     version = suite.code_version()
-    assert version["src_commit"] == expected and isinstance(version["src_dirty"], bool)
+    if done.returncode != 0:  # not a git checkout: no version to record
+        assert version == {"src_commit": None, "src_dirty": None}
+        return
+    assert version["src_commit"] == done.stdout.strip()
+    assert isinstance(version["src_dirty"], bool)
