@@ -157,6 +157,67 @@ def bench_evidence(repeats: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def bench_laplace(repeats: int) -> dict[str, dict[str, float]]:
+    """`laplace_evidence(smoothed=True)` (the subhalo scan's evidence of a cell) over the
+    SIE's 5 parameters on bench_pixelized.py's data, an MGE lens light of 8 Gaussians held
+    (solved linearly), constant regularization, on a 32x32 rectangular mesh and on the
+    scan's brightness-adaptive one (`AdaptiveRectangularMesh(weight_floor=0.1)`, the
+    noiseless image as adapt image); its values from JAX (`backend="jax"`) against the
+    Numba backend on one thread, the calls alternating. Seconds per evidence and the
+    evidences' difference."""
+    import equinox as eqx
+    import jax.numpy as jnp
+    from bench_pixelized import dataset
+
+    from equilens.solve import laplace_evidence
+
+    lens, data, _ = dataset()
+    adapt = np.asarray(
+        el.LensSystem(
+            mass=lens, source=light.Sersic(amp=20.0, R_sersic=0.15, n_sersic=1.3, e1=0.1)
+        ).image(data.grid)
+    )
+    mge = light.MGE(amp=jnp.ones(8), sigma=jnp.geomspace(0.02, 3.0, 8), e1=0.1)
+    meshes = {
+        "rectangular 32x32": (el.RectangularMesh((32, 32)), el.LogEvidence(data)),
+        "brightness 32x32": (
+            el.AdaptiveRectangularMesh((32, 32), weight_floor=0.1),
+            el.LogEvidence(data, adapt_image=adapt),
+        ),
+    }
+    out = {}
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        for name, (mesh, term) in meshes.items():
+            objective = el.Objective(term)
+            system = el.LensSystem(
+                mass=lens,
+                lens_light=mge,
+                source=el.PixelizedSource(mesh, el.ConstantRegularization(1e-3)),
+            )
+            free = eqx.tree_at(
+                lambda s: s.mass,
+                jax.tree.map(lambda _: False, system),
+                replace_fn=lambda m: jax.tree.map(lambda _: True, m),
+            )
+            times: dict[str, list[float]] = {"jax": [], "numba": []}
+            got = {}
+            for _ in range(repeats + 1):  # (the first of each compiles: not timed)
+                for backend in ("jax", "numba"):
+                    t0 = time.perf_counter()
+                    got[backend] = laplace_evidence(
+                        objective, system, free=free, smoothed=True, backend=backend
+                    )
+                    times[backend].append(time.perf_counter() - t0)
+            out[name] = {k: statistics.median(v[1:]) for k, v in times.items()}
+            out[name]["diff"] = abs(got["numba"].log_evidence - got["jax"].log_evidence)
+            out[name]["parameters"] = len(got["jax"].names)
+    finally:
+        numba.set_num_threads(before)
+    return out
+
+
 def bench_evidence_sizes(repeats: int) -> dict[int, dict[str, float]]:
     """The pixelized log-evidence (32x32 rectangular mesh) from 50x50 to 400x400 images of
     the same 5" field (pixels of 5"/n, a 3" mask, a 21x21 PSF of FWHM 2.4 pixels):
@@ -246,6 +307,16 @@ def main() -> None:
             f"    {name:<18} JAX {j * ms:7.1f} ms  Numba 1 thr {n1 * ms:7.1f} ms  "
             f"2 thr {n2 * ms:7.1f} ms  Numba(2)/JAX {n2 / j:5.2f}x  2thr/1thr {n1 / n2:5.2f}x  "
             f"rel diff {r['rel_diff']:.1e}"
+        )
+    print(
+        "  Laplace evidence of a pixelized model (smoothed: central differences of its "
+        "values), the values by JAX vs Numba (1 thread):"
+    )
+    for name, r in bench_laplace(max(2, args.repeats // 30)).items():
+        print(
+            f"    {name:<18} {r['parameters']:.0f} parameters  JAX {r['jax']:6.1f} s  "
+            f"Numba {r['numba']:6.1f} s  JAX/Numba {r['jax'] / r['numba']:5.2f}x  "
+            f"|diff| {r['diff']:.1e}"
         )
     print('  Pixelized log-evidence by image size (5" field, 3" mask, 32x32 rectangular mesh):')
     for n, r in bench_evidence_sizes(max(3, args.repeats // 10)).items():

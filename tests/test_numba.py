@@ -890,3 +890,54 @@ def test_a_compile_lock_held_too_long_is_passed_by(tmp_path, monkeypatch):
         holder.release()
     assert locked("i8(i8)") == "i8(i8)" and seen == [False, True]
     assert not _compile_lock._lock_for(path).is_locked
+
+
+def _laplace_case():
+    # the pixelized evidence with a held lens light (fixed Sersic) over the SIE's theta_E,
+    # e1 and e2: the values of a Laplace evidence over the mass, as in a subhalo scan
+    truth, term = _pixelized_term()
+    system = _pixelized(truth, term.imaging, "adaptive", "constant")
+    free = jax.tree.map(lambda _: False, system)
+    free = eqx.tree_at(
+        lambda s: (s.mass.components[0].theta_E, s.mass.components[0].e1, s.mass.components[0].e2),
+        free,
+        (True, True, True),
+    )
+    bounds = {lambda s: s.mass.components[0].theta_E: (0.5, 1.5)}
+    return el.Objective(term), system, free, bounds
+
+
+@pytest.mark.parametrize("smoothing", ["differences", "importance"])
+def test_laplace_evidence_takes_its_values_from_either_backend_alike(smoothing):
+    from equilens.solve import laplace_evidence
+
+    objective, system, free, bounds = _laplace_case()
+    kw = dict(free=free, bounds=bounds, smoothed=True, smoothing=smoothing, smoothing_rounds=2)
+    by_jax = laplace_evidence(objective, system, backend="jax", **kw)
+    by_numba = laplace_evidence(objective, system, backend="numba", **kw)
+    auto = laplace_evidence(objective, system, **kw)
+    assert (by_jax.backend, by_numba.backend, auto.backend) == ("jax", "numba", "numba")
+    assert np.isfinite(by_jax.log_evidence)
+    # the same values to round-off (1e-10 relative on each), so the same differences, the
+    # same steps and the same evidence
+    assert by_numba.log_evidence == pytest.approx(by_jax.log_evidence, abs=1e-6)
+    assert auto.log_evidence == by_numba.log_evidence
+    np.testing.assert_allclose(by_numba.covariance, by_jax.covariance, rtol=1e-5)
+    assert by_numba.names == by_jax.names
+    if smoothing == "differences":
+        assert by_numba.smoothing_step == by_jax.smoothing_step
+    # (a `Literal`: jaxtyping's check refuses it first where it is on, as in the tests)
+    with pytest.raises((ValueError, TypeError), match="backend"):
+        laplace_evidence(objective, system, free=free, smoothed=True, backend="cuda")  # pyright: ignore[reportArgumentType]
+
+
+def test_the_kept_lens_light_images_follow_the_lens_light():
+    # the Numba evidence keeps the last lens light's images: a call with another lens
+    # light (or another term) must not be served them
+    truth, term = _pixelized_term()
+    system = _pixelized(truth, term.imaging, "rectangular", "constant")
+    wider = eqx.tree_at(lambda s: s.lens_light.R_sersic, system, 0.8)
+    other = _pixelized(truth, term.imaging, "rectangular", "constant", lens_light=False)
+    for model in (system, wider, system, other, wider):
+        assert enb.value(term, model) == pytest.approx(float(_JAX_INVERT(term, model)[0]), rel=TOL)
+    assert enb.value(term, system) != enb.value(term, wider)

@@ -17,6 +17,8 @@ import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import equinox as eqx
+import jax
 import numpy as np
 import scipy.linalg
 from jaxtyping import Float, Int
@@ -375,6 +377,38 @@ class _HostEvidence:
         else:
             tables = sparse_tables(self.kernel, self.grid.shape, self.pixels, self.mapped)
         self.tables = tuple(host64(*table_arrays(tables)))
+        # the last lens light's images: (its key, images, fixed image)
+        self.lens_light: tuple[Any, np.ndarray, np.ndarray | None] | None = None
+
+
+def _light_key(light: Any) -> tuple:
+    """A key equal for two lens lights that give the same images: the tree's structure
+    (classes and static fields) and each leaf's dtype, shape and bytes."""
+    leaves, treedef = jax.tree.flatten(light)
+    parts = []
+    for leaf in leaves:
+        if eqx.is_array_like(leaf):
+            a = np.asarray(leaf)
+            parts.append((a.dtype.str, a.shape, a.tobytes()))
+        else:
+            parts.append(leaf)
+    return treedef, tuple(parts)
+
+
+def _lens_light_images(
+    h: "_HostEvidence", system: LensSystem, conv: Any
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """`linear_images` of the lens light (its linear basis images and its fixed image),
+    kept for the last lens light seen: where the lens light is held (a subhalo scan's
+    cells, the values of a Laplace evidence over the mass) every call after the first
+    reuses them (6 of the 66 ms of a Jackpot evidence value, docs/performance.md)."""
+    key = _light_key(object.__getattribute__(system, "lens_light"))
+    kept = h.lens_light
+    if kept is not None and kept[0] == key:
+        return kept[1], kept[2]
+    images, fixed = linear_images(system, h.grid, conv, fields=("lens_light",))
+    h.lens_light = (key, images, fixed)
+    return images, fixed
 
 
 _HOST: dict = {}
@@ -433,7 +467,7 @@ def invert(term: LogEvidence, system: LensSystem) -> Evidence:
     # (NumPy's products on one BLAS thread, as `equilens.numba._terms.term_value`'s; the
     # host solve sets its LAPACK calls' own)
     with blas_threads(1):
-        images, fixed = linear_images(system, h.grid, conv, fields=("lens_light",))
+        images, fixed = _lens_light_images(h, system, conv)
         n_lin = images.shape[0]
         data = h.data if fixed is None else h.data - fixed.reshape(-1)
         target = data[h.pixels] * h.inv_sigma

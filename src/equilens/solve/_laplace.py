@@ -65,7 +65,8 @@ class LaplaceEvidence(eqx.Module):
     in the unconstrained coordinates, ordered as `names`: a `scale` for `equilens.fit` of
     a like model); `log_evidence_error`, `effective_samples` (with
     `smoothing="importance"`: the estimate's standard error and the effective number of
-    weighted points, Kish's; NaN otherwise).
+    weighted points, Kish's; NaN otherwise); `backend` (which evaluated the smoothed
+    values: "numba" or "jax"; "jax" without smoothing).
     """
 
     log_evidence: float
@@ -80,6 +81,7 @@ class LaplaceEvidence(eqx.Module):
     raw_errors: np.ndarray | None = None
     log_evidence_error: float = math.nan
     effective_samples: float = math.nan
+    backend: str = "jax"
 
 
 def _log_norm(param: Parametrisation, model: PyTree[Any]) -> float:
@@ -120,37 +122,73 @@ def _values(objective: Objective, param: Parametrisation, template: Any, raws: A
     return jax.lax.map(one, raws)
 
 
+@eqx.filter_jit
+def _physical(param: Parametrisation, template: Any, raws: Any):
+    """The free parameters' physical values (one flat vector a point, `param.values`'s
+    order) and `log |d theta / d z|` at each of the stacked raw values `raws`."""
+
+    def one(raw):
+        return ravel_pytree(param.values(param.to_model(raw, template)))[0], param.log_jacobian(raw)
+
+    return jax.vmap(one)(raws)
+
+
+def _batch_values(
+    objective: Objective,
+    param: Parametrisation,
+    template: Any,
+    unravel: Any,
+    norm: Any,
+    backend: str,
+) -> tuple[Callable[[Any], np.ndarray], str]:
+    """`F` at each row of an array of unconstrained points, and the backend that gives it:
+    "jax" (`_values`: one compiled `lax.map`) or "numba" (`equilens.numba.value` of each
+    point's model, the points' physical values and Jacobians from one compiled call),
+    chosen as `equilens.numba.log_density` chooses ("auto": Numba on a CPU where it can
+    evaluate the objective; the same values to round-off, 1.6x faster on the Jackpot's
+    pixelized evidence, docs/performance.md)."""
+    dtype = ravel_pytree(param.to_raw(template))[0].dtype
+
+    def jax_values(points):
+        # the points as one stacked pytree of raw values: `_values` compiles once for
+        # every call with the same model and objective (a closure given to lax.map would
+        # compile again each time)
+        raw = jax.vmap(unravel)(jnp.asarray(points, dtype))
+        return np.asarray(_values(objective, param, template, raw, norm))
+
+    if backend == "jax":
+        return jax_values, "jax"
+    from ..numba._terms import density
+
+    dens = density(objective, template, param, backend)
+    if dens.backend != "numba":
+        return jax_values, "jax"
+    shift = float(norm)
+
+    def numba_values(points):
+        phys, log_jac = _physical(param, template, jax.vmap(unravel)(jnp.asarray(points, dtype)))
+        phys, log_jac = np.asarray(phys, np.float64), np.asarray(log_jac, np.float64)
+        # `dens.f` is -objective; -inf (a model it cannot evaluate) gives F = inf
+        f = np.array([-dens.f(v) for v in phys])
+        return f - log_jac + shift
+
+    return numba_values, "numba"
+
+
 def _smoothed_hessian(
-    objective, param, template, z, unravel, norm, h0, rounds
+    objective, param, template, z, unravel, norm, h0, rounds, values
 ) -> tuple[np.ndarray, float]:
     """The Hessian of `F` from central differences of its values over 1-sigma steps
     (`smoothed_value_hessian`, its steps widened where a round's Hessian is not positive
     definite), the first steps from the diagonal of `h0`, then from the covariance each
-    round gives; returns it (not positive definite when even the widest round's was not)
-    and the step used, in sigma."""
+    round gives, the values from `values` (`_batch_values`); returns it (not positive
+    definite when even the widest round's was not) and the step used, in sigma."""
 
     def f(zz):
         return _value(objective, param, template, unravel(zz), norm)
 
-    def values(points):
-        # the points as one stacked pytree of raw values: `_values` compiles once for
-        # every call with the same model and objective (a closure given to lax.map would
-        # compile again each time)
-        raw = jax.vmap(unravel)(points)
-        return np.asarray(_values(objective, param, template, raw, norm))
-
     hess, _, scale = smoothed_value_hessian(f, z, np.diagonal(h0), rounds=rounds, values=values)
     return hess, scale
-
-
-def _importance(objective, param, template, z, unravel, norm, h0, rounds):
-    """`importance_evidence` of `exp(-F)` from `z` and the Hessian estimate `h0`."""
-
-    def values(points):
-        raw = jax.vmap(unravel)(jnp.asarray(points, z.dtype))
-        return np.asarray(_values(objective, param, template, raw, norm))
-
-    return importance_evidence(values, np.asarray(z, np.float64), h0, rounds=rounds)
 
 
 def _parts(objective, param, template, z, unravel, norm) -> tuple[float, np.ndarray, np.ndarray]:
@@ -191,6 +229,7 @@ def laplace_evidence(
     smoothed: bool = False,
     smoothing_rounds: int = 3,
     smoothing: Literal["differences", "importance"] = "differences",
+    backend: Literal["auto", "numba", "jax"] = "auto",
 ) -> LaplaceEvidence:
     """The log-evidence of `objective` (a negative log posterior up to the priors of the
     bounds: a likelihood, or `LogEvidence`'s source-marginalised one) integrated over the
@@ -215,12 +254,24 @@ def laplace_evidence(
     is the weighted points' own). Default `"differences"`: on a rough evidence the two
     differ by the differences' bias (docs/subhalo.md).
 
+    `backend` evaluates those values (with `smoothed=True`; the mode, gradient and
+    Newton steps are always JAX's): "jax" (one compiled `lax.map`), "numba"
+    (`equilens.numba.value` of each point's model: the same values to round-off) or
+    "auto" (default), which takes Numba on a CPU where the Numba backend can evaluate
+    the objective, as `equilens.numba.log_density` does (on the Jackpot's pixelized
+    evidence 60 ms a value against 95 ms, one thread; docs/performance.md), JAX
+    otherwise.
+
     A comparison of two models (e.g. a subhalo against none) by the difference of their
     log-evidences is meaningful for the parameters both share only when they share the
     bounds. Raises `ValueError` when the objective is not finite at `model`."""
     if smoothing not in ("differences", "importance"):
         raise ValueError(
             f"laplace_evidence: smoothing must be 'differences' or 'importance', got {smoothing!r}"
+        )
+    if backend not in ("auto", "numba", "jax"):
+        raise ValueError(
+            f"laplace_evidence: backend must be 'auto', 'numba' or 'jax', got {backend!r}"
         )
     param = parametrisation(objective, model, free, bounds)
     if param.n_free == 0:
@@ -252,9 +303,12 @@ def laplace_evidence(
         steps += 1
         f, g, h = _parts(objective, param, model, z, unravel, norm)
     step_used = math.nan
-    if smoothed and smoothing == "importance":
-        h, _ = _smoothed_hessian(objective, param, model, z, unravel, norm, h, 1)
-        ie = _importance(objective, param, model, z, unravel, norm, h, smoothing_rounds)
+    values, used = None, "jax"
+    if smoothed:
+        values, used = _batch_values(objective, param, model, unravel, norm, backend)
+    if values is not None and smoothing == "importance":
+        h, _ = _smoothed_hessian(objective, param, model, z, unravel, norm, h, 1, values)
+        ie = importance_evidence(values, np.asarray(z, np.float64), h, rounds=smoothing_rounds)
         cov_z = 0.5 * (ie.covariance + ie.covariance.T)
         jac = _jacobian(param, model, unravel, z)
         cov = jac @ cov_z @ jac.T
@@ -270,10 +324,11 @@ def laplace_evidence(
             raw_errors=np.sqrt(np.maximum(np.diagonal(cov_z), 0.0)),
             log_evidence_error=ie.error,
             effective_samples=ie.effective,
+            backend=used,
         )
-    if smoothed:
+    if values is not None:
         h, step_used = _smoothed_hessian(
-            objective, param, model, z, unravel, norm, h, smoothing_rounds
+            objective, param, model, z, unravel, norm, h, smoothing_rounds, values
         )
     h = 0.5 * (h + h.T)
     if not np.all(np.isfinite(h)):
@@ -308,4 +363,5 @@ def laplace_evidence(
         gradient_norm=float(np.linalg.norm(g)),
         smoothing_step=step_used,
         raw_errors=np.sqrt(np.diagonal(cov_z)),
+        backend=used,
     )
