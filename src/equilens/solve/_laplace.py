@@ -59,9 +59,12 @@ class LaplaceEvidence(eqx.Module):
     floored: 0 when every direction is constrained by the data or the prior);
     `negative` (negative eigenvalues of the Hessian, counted by their magnitude);
     `gradient_norm` (`|dF/dz|` at the end: small when the mode was found);
-    `smoothing_step` (with `smoothed=True`, the step of the values' central differences
-    in units of the errors: 1, or 2 or 4 where the values over narrower steps did not give
-    a positive-definite Hessian; NaN without smoothing); `raw_errors` (the 1-sigma errors
+    `smoothing_step` (with `smoothed=True`, the widest step of the values' central
+    differences in units of the errors: 1, or 2 or 4 where the values over narrower steps
+    did not give a positive-definite Hessian; NaN without smoothing); `smoothing_steps`
+    (each parameter's step, ordered as `names`: only the parameters along the directions
+    where the Hessian was not positive definite are widened, `smoothed_value_hessian`;
+    None without smoothing); `raw_errors` (the 1-sigma errors
     in the unconstrained coordinates, ordered as `names`: a `scale` for `equilens.fit` of
     a like model); `log_evidence_error`, `effective_samples` (with
     `smoothing="importance"`: the estimate's standard error and the effective number of
@@ -78,6 +81,7 @@ class LaplaceEvidence(eqx.Module):
     negative: int
     gradient_norm: float
     smoothing_step: float = math.nan
+    smoothing_steps: np.ndarray | None = None
     raw_errors: np.ndarray | None = None
     log_evidence_error: float = math.nan
     effective_samples: float = math.nan
@@ -177,18 +181,19 @@ def _batch_values(
 
 def _smoothed_hessian(
     objective, param, template, z, unravel, norm, h0, rounds, values
-) -> tuple[np.ndarray, float]:
+) -> tuple[np.ndarray, np.ndarray]:
     """The Hessian of `F` from central differences of its values over 1-sigma steps
     (`smoothed_value_hessian`, its steps widened where a round's Hessian is not positive
     definite), the first steps from the diagonal of `h0`, then from the covariance each
     round gives, the values from `values` (`_batch_values`); returns it (not positive
-    definite when even the widest round's was not) and the step used, in sigma."""
+    definite when even the widest round's was not) and each parameter's step used, in
+    sigma."""
 
     def f(zz):
         return _value(objective, param, template, unravel(zz), norm)
 
     hess, _, scale = smoothed_value_hessian(f, z, np.diagonal(h0), rounds=rounds, values=values)
-    return hess, scale
+    return hess, np.asarray(scale)
 
 
 def _parts(objective, param, template, z, unravel, norm) -> tuple[float, np.ndarray, np.ndarray]:
@@ -302,7 +307,7 @@ def laplace_evidence(
             break
         steps += 1
         f, g, h = _parts(objective, param, model, z, unravel, norm)
-    step_used = math.nan
+    steps_used = None
     values, used = None, "jax"
     if smoothed:
         values, used = _batch_values(objective, param, model, unravel, norm, backend)
@@ -327,7 +332,7 @@ def laplace_evidence(
             backend=used,
         )
     if values is not None:
-        h, step_used = _smoothed_hessian(
+        h, steps_used = _smoothed_hessian(
             objective, param, model, z, unravel, norm, h, smoothing_rounds, values
         )
     h = 0.5 * (h + h.T)
@@ -361,7 +366,8 @@ def laplace_evidence(
         floored=floored,
         negative=negative,
         gradient_norm=float(np.linalg.norm(g)),
-        smoothing_step=step_used,
+        smoothing_step=math.nan if steps_used is None else float(np.max(steps_used)),
+        smoothing_steps=steps_used,
         raw_errors=np.sqrt(np.diagonal(cov_z)),
         backend=used,
     )
