@@ -370,7 +370,7 @@ def test_smoothed_curvature_widens_only_the_parameters_along_its_negative_direct
     """A round whose Hessian is not positive definite doubles the steps of the parameters
     along its non-positive directions (here `b`, rippled) and no other: `a` keeps its
     1-sigma steps, so its curvature is that of the 1-sigma scale, as in a model without
-    `b` (the whole step doubled, it would be that of 2-sigma steps: 30% lower variance)."""
+    `b` (the whole step doubled, it would be that of 2-sigma steps: 17% lower variance)."""
     from equilens.solve._covariance import smoothed_value_hessian, steps_text
 
     objective = el.Objective(_QuarticAndRipple())
