@@ -393,13 +393,53 @@ def test_smoothed_curvature_widens_only_the_parameters_along_its_negative_direct
     calls = []
 
     def values(points):
-        p = np.asarray(points)
-        calls.append(p - p[0])
+        p = np.asarray(points)  # (the centre is 0: the points are the steps)
+        calls.append(p)
         return np.where(np.abs(p[:, 1]) > 0, np.nan, p[:, 0] ** 2)
 
     smoothed_value_hessian(lambda z: z[0] ** 2, jnp.zeros(2), np.array([2.0, 2.0]), values=values)
     first, last = (np.max(np.abs(c), axis=0) for c in (calls[0], calls[-1]))
     np.testing.assert_allclose(last / first, [4.0, 4.0])
+
+
+@pytest.mark.x64_only
+def test_a_widening_evaluates_only_the_points_whose_steps_it_doubled(monkeypatch):
+    """After a round that is not positive definite, the next evaluates only the points
+    that involve a widened parameter (the others' steps, points and values are the same):
+    here `b` of three parameters, 10 of 19 points; the Hessian, the covariance and the
+    steps are those of evaluating every point again, to the bit."""
+    from equilens.solve import _covariance
+
+    k, r = 30.0 * math.pi, 1300.0 / (math.pi**2 * 900.0)
+
+    def value(z):
+        a, b, c = z
+        return 200 * a**2 + 1e4 * a**4 + 200 * b**2 + r * np.cos(k * b) + 50 * c**2 + 20 * a * c
+
+    calls = []
+
+    def values(points):
+        p = np.asarray(points, np.float64)
+        calls.append(p.shape[0])
+        return np.array([value(row) for row in p])
+
+    z0, curvature = jnp.zeros(3), np.array([400.0, 400.0 - r * k**2, 100.0])
+    hess, cov, scale = _covariance.smoothed_value_hessian(value, z0, curvature, values=values)
+    assert list(scale) == [1.0, 2.0, 1.0] and cov is not None
+    assert calls[:2] == [19, 10] and all(n == 18 for n in calls[2:])  # the centre kept too
+    # the same rounds with every point evaluated in each
+    plain = _covariance._value_hessian
+    monkeypatch.setattr(
+        _covariance,
+        "_value_hessian",
+        lambda f, z, h, vals=None, previous=None: plain(f, z, h, vals),
+    )
+    calls.clear()
+    hess0, cov0, scale0 = _covariance.smoothed_value_hessian(value, z0, curvature, values=values)
+    assert calls[:2] == [19, 19]
+    np.testing.assert_array_equal(hess, hess0)
+    np.testing.assert_array_equal(cov, cov0)
+    np.testing.assert_array_equal(scale, scale0)
 
 
 class _Stiff(el.terms.AbstractTerm):
@@ -525,8 +565,9 @@ def test_smoothed_curvature_takes_at_most_rounds_positive_definite_rounds():
         return len(calls), hess, cov, scale
 
     n, hess, cov, scale = run(3)
-    assert n == 3 and cov is not None and list(scale) == [1.0]  # 3 rounds of 3 values each
-    assert calls == [3, 3, 3]
+    # 3 rounds of 3 values each (the later ones take the centre's from the first)
+    assert n == 3 and cov is not None and list(scale) == [1.0]
+    assert calls == [3, 2, 2]
     # with more rounds allowed, the steps settle (to 10%) at h^2 (2 + 2 h^2) = 1
     n, hess, _, _ = run(20)
     assert 3 < n < 20

@@ -4,8 +4,10 @@ of its deflection), the Numba backend, finite differences; the Laplace evidence 
 closed forms; the cells over a mask; and a small scan that finds a subhalo injected on an
 arc (and none where there is none), resumed from its checkpoint to the same numbers."""
 
+import dataclasses
 import json
 import math
+import time
 
 import equinox as eqx
 import jax
@@ -917,6 +919,94 @@ def test_the_smooth_models_refits_are_written_to_the_checkpoint_and_resumed(monk
     assert seen == [1.02, 1.03, 1.01]
 
 
+def _stand_in_scan(log_e, fits, smooth_log_e, refinement=None):
+    """A `SubhaloScan` of the cells' log-evidences `log_e` and stand-in `fits` (for the smooth
+    refits' bookkeeping)."""
+    from equilens.subhalo._scan import SubhaloScan
+
+    log_e = np.asarray(log_e, np.float64)
+    return SubhaloScan(
+        centres=np.zeros((len(fits), 2)),
+        half=0.3,
+        log_evidence=log_e,
+        delta_log_evidence=log_e - smooth_log_e,
+        smooth_log_evidence=smooth_log_e,
+        status=("successful",) * len(fits),
+        fits=tuple(fits),
+        best_index=int(np.nanargmax(log_e)),
+        best={"delta_log_evidence": float(np.nanmax(log_e)) - smooth_log_e},
+        delta_log_evidence_grid=0.0,
+        smooth="first smooth",
+        cosmology=LC,
+        wall_time=0.0,
+        resumed=0,
+        refinement=refinement,
+    )
+
+
+def _stand_in_evidence(log_evidence, model):
+    from equilens.solve._laplace import LaplaceEvidence
+
+    return LaplaceEvidence(log_evidence, model, np.zeros((0, 0)), (), 0, 0, 0, 0.0)
+
+
+@pytest.mark.precision_independent
+def test_the_refits_the_coarse_cells_decide_start_beside_the_refinement(monkeypatch):
+    """With a Dask client, the smooth refits from the best cells other than the best one
+    are submitted as soon as the coarse cells are done (`early_refits`: the refinement
+    and the polishing fit only raise the best cell's entry, so the same cells stay the
+    best); `smooth_refits` takes their futures instead of fitting them again, submits the
+    best cell's, and gives what the refits one after another give. Refits the checkpoint
+    holds are not submitted; a submitted one no longer wanted is cancelled."""
+    distributed = pytest.importorskip("distributed")
+    from equilens.subhalo import _smooth
+
+    gains = {"sub b": 125.0, "c3": 131.0, "c0": 2.0, "c2": 1.0}
+    seen = []
+
+    def again(objective, start, *fit):
+        seen.append(start)
+        return _stand_in_evidence(10.0 + gains[start], start)
+
+    monkeypatch.setattr(_smooth, "_smooth_again", again)
+    objective, _ = _lens(False)
+    coarse = _stand_in_scan([120.0, np.nan, 135.0, 128.0], ["c0", None, "c2", "c3"], 10.0)
+    refined = dataclasses.replace(
+        coarse, refinement=_stand_in_scan([130.0, 141.0], ["sub a", "sub b"], 10.0)
+    )
+    here = _smooth.smooth_refits(refined, 3, print, objective)
+    assert seen == ["sub b", "c3", "c0"]
+    submitted = []
+    submit = _smooth._submit
+
+    def recorded(todo, *args):
+        submitted.append([tag for tag, _ in todo])
+        return submit(todo, *args)
+
+    monkeypatch.setattr(_smooth, "_submit", recorded)
+    with distributed.Client(processes=False, n_workers=1, threads_per_worker=1) as client:
+        assert _smooth.early_refits(coarse, 3, objective, client=None) == {}
+        assert _smooth.early_refits(coarse, 1, objective, client=client) == {}
+        kept = [{"refit": "cell 4", "log_evidence": None, "values": None}]
+        only = _smooth.early_refits(coarse, 3, objective, client=client, records=kept)
+        assert list(only) == ["cell 1"] and only["cell 1"].result().model == "c0"
+        pending = _smooth.early_refits(coarse, 3, objective, client=client)
+        assert {tag: f.result().model for tag, f in pending.items()} == {
+            "cell 4": "c3",
+            "cell 1": "c0",
+        }
+        submitted.clear()
+        there = _smooth.smooth_refits(refined, 3, print, objective, client=client, pending=pending)
+        assert submitted == [["sub-cell 2 of 2 of cell 3"]]  # (only the best cell's)
+        assert there.smooth_gain == here.smooth_gain and there.smooth == here.smooth
+        np.testing.assert_array_equal(there.delta_log_evidence, here.delta_log_evidence)
+        # a refit the final ranking does not name is cancelled, not waited for (this one
+        # asks for a resource no worker has: it would wait for ever)
+        extra = {"cell 9": client.submit(time.sleep, 30, resources={"absent": 1})}
+        _smooth.smooth_refits(refined, 3, print, objective, client=client, pending=extra)
+        assert extra["cell 9"].cancelled()
+
+
 @pytest.mark.precision_independent
 def test_the_smooth_model_is_fitted_again_from_the_best_subhalo_fits_and_the_best_kept(
     monkeypatch,
@@ -925,29 +1015,9 @@ def test_the_smooth_model_is_fitted_again_from_the_best_subhalo_fits_and_the_bes
     `smooth_starts` best cells (one fit a cell, the refined cell's the best of its own and
     its sub-cells', failed ones skipped), and the scan is rebased on the best refit when it
     beats the first smooth fit."""
-    from equilens.solve._laplace import LaplaceEvidence
     from equilens.subhalo import _smooth
-    from equilens.subhalo._scan import SubhaloScan
 
-    def scan(log_e, fits, smooth_log_e, refinement=None):
-        log_e = np.asarray(log_e, np.float64)
-        return SubhaloScan(
-            centres=np.zeros((len(fits), 2)),
-            half=0.3,
-            log_evidence=log_e,
-            delta_log_evidence=log_e - smooth_log_e,
-            smooth_log_evidence=smooth_log_e,
-            status=("successful",) * len(fits),
-            fits=tuple(fits),
-            best_index=int(np.nanargmax(log_e)),
-            best={"delta_log_evidence": float(np.nanmax(log_e)) - smooth_log_e},
-            delta_log_evidence_grid=0.0,
-            smooth="first smooth",
-            cosmology=LC,
-            wall_time=0.0,
-            resumed=0,
-            refinement=refinement,
-        )
+    scan = _stand_in_scan
 
     # one start a cell, the refined cell (2, the best) the best of its fit and sub-cells'
     sub = scan([130.0, 141.0], ["sub a", "sub b"], 10.0)
@@ -966,7 +1036,7 @@ def test_the_smooth_model_is_fitted_again_from_the_best_subhalo_fits_and_the_bes
         g = gains[start]
         if g is None:
             return None
-        return LaplaceEvidence(10.0 + g, start, np.zeros((0, 0)), (), 0, 0, 0, 0.0)
+        return _stand_in_evidence(10.0 + g, start)
 
     monkeypatch.setattr(_smooth, "_smooth_again", again)
     lines = []

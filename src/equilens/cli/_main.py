@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     shp.add_argument(
         "--refine",
         type=int,
-        default=3,
-        help="N: the best cell then tiled by N x N sub-cells, each fitted (default 3; 0: none)",
+        default=2,
+        help="N: the best cell then tiled by N x N sub-cells, each fitted (default 2; 0: none)",
     )
     shp.add_argument(
         "--smooth-starts",

@@ -74,7 +74,7 @@ def run_subhalo(
     source: str = "pixelized",
     kind: str = "tnfw",
     grid: int = 5,
-    refine: int = 3,
+    refine: int = 2,
     smooth_starts: int = 3,
     start_grid: int = 3,
     polish: int = 7,

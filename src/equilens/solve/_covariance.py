@@ -134,23 +134,42 @@ def _value_hessian(
     z0: Array,
     h: np.ndarray,
     values: Callable[[Array], np.ndarray] | None = None,
-) -> np.ndarray:
+    previous: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """The Hessian of `f` at `z0` by central differences of its values with steps `h`
     (`values(points)`, if given, evaluates `f` at the rows of `points` instead of
     `jax.lax.map`, e.g. with a program compiled once for many calls):
     `(f(+i) - 2 f0 + f(-i)) / h_i^2` on the diagonal, `(f(+i+j) - f(+i-j) - f(-i+j) +
-    f(-i-j)) / (4 h_i h_j)` off it; exact for a quadratic whatever the step."""
+    f(-i-j)) / (4 h_i h_j)` off it; exact for a quadratic whatever the step.
+
+    `previous`, an earlier call's steps and values at the same `z0`: the points whose
+    steps are the same (the centre, each diagonal entry's and each pair's whose steps
+    did not change) take its values instead of being evaluated again, so a widening of
+    some steps evaluates only the points that involve them (the same points, the same
+    values). Returns the Hessian and the values at every point (`previous` for a later
+    call)."""
     n = z0.shape[0]
     steps = np.diag(h)
     points = [np.zeros(n)]
+    uses: list[tuple[int, ...]] = [()]
     for i in range(n):
         points += [steps[i], -steps[i]]
+        uses += [(i,), (i,)]
     pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
     for i, j in pairs:
         points += [steps[i] + steps[j], steps[i] - steps[j], steps[j] - steps[i]]
         points += [-steps[i] - steps[j]]
-    at = z0[None, :] + jnp.asarray(np.stack(points), dtype=z0.dtype)
-    v = np.asarray(jax.lax.map(f, at) if values is None else values(at), dtype=np.float64)
+        uses += [(i, j)] * 4
+    v = np.empty(len(points))
+    need = np.ones(len(points), dtype=bool)
+    if previous is not None:
+        h_prev, v_prev = previous
+        same = np.asarray(h_prev) == np.asarray(h)
+        need = np.array([not all(same[k] for k in u) for u in uses])
+        v[~need] = v_prev[~need]
+    if need.any():
+        at = z0[None, :] + jnp.asarray(np.stack(points)[need], dtype=z0.dtype)
+        v[need] = np.asarray(jax.lax.map(f, at) if values is None else values(at), np.float64)
     hess = np.empty((n, n))
     # a step into a region where the objective is not finite (an invalid inversion) gives
     # NaN entries, which `_inverse_pd` refuses: no warning for inf - inf
@@ -161,7 +180,7 @@ def _value_hessian(
         for k, (i, j) in enumerate(pairs):
             a, b, c, d = v[base + 4 * k : base + 4 * k + 4]
             hess[i, j] = hess[j, i] = (a - b - c + d) / (4 * h[i] * h[j])
-    return hess
+    return hess, v
 
 
 def _inverse_pd(hess: np.ndarray) -> np.ndarray | None:
@@ -214,6 +233,9 @@ def smoothed_value_hessian(
     stays that of the same scale as in a model without that direction (over 4-sigma
     steps, a Jackpot cell's mass parameters' log-determinant was 5 lower than over 1-sigma
     steps: 5 more log-evidence for that cell against the smooth model, docs/subhalo.md).
+    The round after a widening evaluates only the points that involve a widened
+    parameter, the others' values being the round before's (the same points), and every
+    round takes the centre's value from the first: the same Hessian, fewer values.
 
     Returns the last round's Hessian, its inverse (`None` when that Hessian is not
     positive definite) and each parameter's step used, in sigma."""
@@ -226,8 +248,11 @@ def smoothed_value_hessian(
     # `rounds` positive-definite rounds at most, each not positive-definite one taken
     # again with the steps of the parameters it involves doubled (at most
     # `SMOOTHING_WIDENINGS` such rounds in all)
+    done: tuple[np.ndarray, np.ndarray] | None = None
     while True:
-        hess = _value_hessian(f, z0, steps, values)
+        # after a widening, the points whose steps it kept are not evaluated again
+        hess, v = _value_hessian(f, z0, steps, values, done)
+        done = (steps, v)
         cov = _inverse_pd(hess)
         if cov is None:
             if widened == SMOOTHING_WIDENINGS:

@@ -2,7 +2,7 @@
 again over the whole best cell, from the best of a fine grid of subhalo positions and
 masses.
 
-The refinement's sub-cells bound the subhalo to boxes a third of the cell wide; a subhalo
+The refinement's sub-cells bound the subhalo to boxes a fraction of the cell wide; a subhalo
 near a sub-cell's edge is fitted with its centre pressed against that bound (a logit
 near its end: the fit hardly moves it), and the sub-cell beside it takes a worse
 position. On the suite's lens 2 (a 10^9.81 Msun subhalo 0.03" inside a sub-cell's edge)

@@ -44,6 +44,7 @@ def smooth_refits(
     client: Any = None,
     checkpoint: str | os.PathLike | None = None,
     records: Sequence[dict[str, Any]] = (),
+    pending: Mapping[str, Any] | None = None,
 ) -> "SubhaloScan":
     """`scan` against the best of its smooth model and the smooth model fitted again from
     the subhalo fits of the `n` best cells (`_best_fits`) with their subhalos removed
@@ -75,7 +76,7 @@ def smooth_refits(
                 model = _from_values(param, scan.smooth, rec["values"])
                 found[tag] = (float(rec["log_evidence"]), model)
     todo = [(tag, start) for tag, start in starts if tag not in found]
-    for tag, again in _refitted(todo, objective, fit, client):
+    for tag, again in _refitted(todo, objective, fit, client, pending or {}):
         found[tag] = None if again is None else (again.log_evidence, again.model)
         if checkpoint is not None and param is not None:
             values = None if again is None else ravel_pytree(param.values(again.model))[0]
@@ -112,28 +113,72 @@ def _free_and_bounds(fit: tuple[Any, ...]) -> tuple[Any, Any]:
     return (fit[1], fit[2]) if len(fit) >= 3 else (None, None)
 
 
-def _refitted(
+def early_refits(
+    scan: "SubhaloScan",
+    n: int,
+    objective: Objective,
+    *fit: Any,
+    client: Any = None,
+    records: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """The smooth refits of `smooth_refits` that the coarse cells already decide, submitted
+    now to the Dask `client` (tag -> future; none without a client): those from the `n`
+    best cells' fits other than the best cell's, whose entry the refinement and the
+    polishing fit can only raise, so the same cells stay the `n` best. Their workers then
+    fit them beside the refinement and the polishing fit instead of after them (the best
+    cell's refit waits for those); `smooth_refits(pending=...)` takes them. Refits the
+    checkpoint's `records` hold are not submitted."""
+    if client is None or n < 2:
+        return {}
+    kept = {str(r["refit"]) for r in records if "refit" in r}
+    best = f"cell {scan.best_index + 1}"
+    todo = [(t, m) for t, m in _best_fits(scan, n, tagged=True) if t != best and t not in kept]
+    return _submit(todo, objective, fit, client)
+
+
+def _submit(
     todo: list[tuple[str, Any]], objective: Objective, fit: tuple[Any, ...], client: Any
-) -> Iterator[tuple[str, LaplaceEvidence | None]]:
-    """`(tag, evidence or None)` of the refits `todo` (`(tag, start)`), as they finish: as
-    tasks of the Dask `client` (the objective sent to each worker once), or here one after
-    another."""
-    if client is None or not todo:
-        for tag, start in todo:
-            yield tag, _smooth_again(objective, start, *fit)
-        return
+) -> dict[str, Any]:
+    """The refits `todo` (`(tag, start)`) as tasks of the Dask `client` (the objective sent
+    to each worker once): tag -> future."""
+    if not todo:
+        return {}
     import jax
-    from distributed import as_completed
 
     from ._cells import _x64
 
     client.run(_x64, bool(jax.config.read("jax_enable_x64")))
     shared = client.scatter(objective, broadcast=True, hash=False)
     run = uuid.uuid4().hex  # (a key of its own for every task: see _cells._on_dask)
-    futures = {
-        client.submit(_smooth_again, shared, start, *fit, key=f"subhalo-refit-{k}-{run}"): tag
+    return {
+        tag: client.submit(_smooth_again, shared, start, *fit, key=f"subhalo-refit-{k}-{run}")
         for k, (tag, start) in enumerate(todo)
     }
+
+
+def _refitted(
+    todo: list[tuple[str, Any]],
+    objective: Objective,
+    fit: tuple[Any, ...],
+    client: Any,
+    pending: Mapping[str, Any],
+) -> Iterator[tuple[str, LaplaceEvidence | None]]:
+    """`(tag, evidence or None)` of the refits `todo` (`(tag, start)`), as they finish: as
+    tasks of the Dask `client` (those in `pending`, tag -> future, already are; the
+    others of `pending` are cancelled), or here one after another."""
+    wanted = {tag for tag, _ in todo}
+    for tag, future in pending.items():
+        if tag not in wanted:
+            future.cancel()
+    if client is None or not todo:
+        for tag, start in todo:
+            yield tag, _smooth_again(objective, start, *fit)
+        return
+    from distributed import as_completed
+
+    futures = {pending[tag]: tag for tag in wanted if tag in pending}
+    new = _submit([(t, m) for t, m in todo if t not in pending], objective, fit, client)
+    futures.update({f: tag for tag, f in new.items()})
     for future in as_completed(futures):
         yield futures[future], future.result()
 
