@@ -28,8 +28,8 @@ the truth's macro model: the test is of the detection, not of a macro model's sh
 which a subhalo also absorbs). A detection is a best cell with Delta log E > 10; it is
 recovered when its subhalo is within 0.1" of the truth. The null images pass when no cell
 has Delta log E > 5. A cell's Delta log E is the refined cell's (the mean of its 2 x 2
-sub-cells' evidences, `subhalo_scan`'s default `refine=2`; 3 x 3 before be10803's
-successor) for the best cell, the coarse fit's for the
+sub-cells' evidences, `subhalo_scan`'s default `refine=2`; 3 x 3 before
+aef4148) for the best cell, the coarse fit's for the
 others; the subhalo reported is the best sub-cell's. Results are written per image as they
 finish (`rows.json`); a rerun skips the images already scanned, and a scan interrupted
 half-way resumes from its cells' file (`equilens subhalo`'s checkpoint).
