@@ -354,6 +354,46 @@ def test_smoothed_covariance_widens_its_step_where_the_roughness_outweighs_the_c
     assert ev.log_evidence == pytest.approx(-r + 0.5 * math.log(2 * math.pi / 400.0), abs=0.1)
 
 
+@pytest.mark.x64_only
+def test_the_smoothed_evidence_starts_from_the_errors_it_is_given(monkeypatch):
+    """`laplace_evidence(smoothing_start=)`: the first round's steps are the errors given
+    (1 sigma) for the parameters they name, from the gradient's differences (2 gradients
+    each) for the others alone; on a quadratic the same evidence whatever the start; an
+    error that is not finite and positive is refused."""
+    from equilens.solve import _covariance, _unconstrained
+
+    objective = el.Objective(_RoughQuadratic(0.0))
+    point = _Point(jnp.asarray(0.3), jnp.asarray(-0.2))
+    grads, steps = [], []
+    value_and_grad, value_hessian = _unconstrained.value_and_grad, _covariance._value_hessian
+
+    def counted(*args, **kw):
+        grads.append(1)
+        return value_and_grad(*args, **kw)
+
+    def recorded(f, z0, h, *args, **kw):
+        steps.append(np.array(h))
+        return value_hessian(f, z0, h, *args, **kw)
+
+    monkeypatch.setattr(_unconstrained, "value_and_grad", counted)
+    monkeypatch.setattr(_covariance, "_value_hessian", recorded)
+    plain = el.solve.laplace_evidence(objective, point, smoothed=True)
+    assert len(grads) == 1 + 2 * 2
+    grads.clear()
+    steps.clear()
+    # ("c" names no parameter of the model: not used)
+    start = {"a": 0.07, "c": 1.0}
+    ev = el.solve.laplace_evidence(objective, point, smoothed=True, smoothing_start=start)
+    assert len(grads) == 1 + 2  # b's row alone
+    assert steps[0][0] == 0.07 and steps[0][1] != 0.07
+    a = np.array([[400.0, 120.0], [120.0, 100.0]])
+    assert ev.log_evidence == pytest.approx(plain.log_evidence, abs=1e-8)
+    np.testing.assert_allclose(np.asarray(ev.covariance), np.linalg.inv(a), rtol=1e-8)
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match=r"smoothing_start\['a'\] must be a finite error"):
+            el.solve.laplace_evidence(objective, point, smoothed=True, smoothing_start={"a": bad})
+
+
 class _QuarticAndRipple(el.terms.AbstractTerm):
     """`a`: 200 a^2 + 10^4 a^4, whose values' curvature over steps h is 400 + 2 10^4 h^2 (so
     it says which step it was taken over); `b`: the ripple of `_RippleOnTheErrorScale`,

@@ -399,6 +399,47 @@ def test_laplace_evidence_refuses_a_hessian_that_is_not_finite(monkeypatch):
 
 
 @slow_ci
+def test_the_cells_evidences_start_their_smoothing_from_the_smooth_models_errors(
+    monkeypatch, tmp_path
+):
+    """With a smoothed evidence, the smooth model's is `laplace_evidence`'s default (first
+    steps from the gradient's differences, 3 rounds); every later one (the cells', the
+    smooth refits') starts from the smooth model's errors and takes `SMOOTHING_ROUNDS`;
+    the checkpoint's header says so (a checkpoint from before is refused)."""
+    from equilens.subhalo import _scan
+
+    objective, start = _lens(True)
+    smooth = el.fit(objective, start, covariance=False)
+    calls = []
+    real = _scan.laplace_evidence
+
+    def recorded(*args, **kw):
+        ev = real(*args, **kw)
+        calls.append((kw, ev))
+        return ev
+
+    monkeypatch.setattr(_scan, "laplace_evidence", recorded)
+    path = tmp_path / "cells.jsonl"
+    kw = dict(grid=np.asarray([[0.1, 0.8]]), half=0.3, kind="pseudo_jaffe", progress=False)
+    kw.update(refine=0, polish=0, smooth_starts=1, start_grid=0, smoothed=True, checkpoint=path)
+    scan = subhalo_scan(objective, smooth, LC, **kw)
+    assert scan.failed == 0 and len(calls) == 3  # the smooth model, the cell, one refit
+    first, ev = calls[0]
+    assert "smoothing_start" not in first and "smoothing_rounds" not in first
+    errors = dict(zip(ev.names, np.asarray(ev.raw_errors).tolist(), strict=True))
+    for later, _ in calls[1:]:
+        assert later["smoothing_start"] == errors
+        assert later["smoothing_rounds"] == _scan.SMOOTHING_ROUNDS
+    header = json.loads(path.read_text().splitlines()[0])["header"]
+    assert header["smoothing_start"] == _scan.SMOOTHING_ROUNDS
+    header.pop("smoothing_start")
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([json.dumps({"header": header}), *lines[1:]]) + "\n")
+    with pytest.raises(ValueError, match="another evidence"):
+        subhalo_scan(objective, smooth, LC, **kw)
+
+
+@slow_ci
 def test_nested_sampling_of_the_best_cell_agrees_with_the_laplace_evidence():
     pytest.importorskip("nautilus")
     objective, start = _lens(True)
@@ -806,7 +847,13 @@ def test_cells_are_fitted_in_units_of_the_smooth_models_errors(tmp_path):
     header = _old_header()
     path = tmp_path / "cells.jsonl"
     path.write_text(json.dumps({"header": header}) + "\n")  # (no "preconditioned")
-    now = {**header, "preconditioned": False, "second_start": False, "fit_plateau": None}
+    now = {
+        **header,
+        "preconditioned": False,
+        "second_start": False,
+        "fit_plateau": None,
+        "smoothing_start": None,
+    }
     assert _cells._read_checkpoint(path, now) == []
     with pytest.raises(ValueError, match="another preconditioned"):
         _cells._read_checkpoint(path, {**now, "preconditioned": True})
@@ -816,7 +863,14 @@ def test_cells_are_fitted_in_units_of_the_smooth_models_errors(tmp_path):
     path.write_text(json.dumps({"header": grid}) + "\n")
     with pytest.raises(ValueError, match="another second_start"):
         _cells._read_checkpoint(
-            path, {**grid, "preconditioned": False, "second_start": True, "fit_plateau": None}
+            path,
+            {
+                **grid,
+                "preconditioned": False,
+                "second_start": True,
+                "fit_plateau": None,
+                "smoothing_start": None,
+            },
         )
 
 
@@ -842,7 +896,12 @@ def test_the_scans_fit_tolerance_is_its_fits_plateau_and_in_its_checkpoint(tmp_p
     plain = _cells._fit(objective, off, "bfgs", None, None, 300)
     assert float(mine.value) == float(ref.value) and int(mine.num_steps) == int(ref.num_steps)
     assert int(mine.num_steps) < int(plain.num_steps)
-    header = {**_old_header(), "preconditioned": True, "second_start": False}
+    header = {
+        **_old_header(),
+        "preconditioned": True,
+        "second_start": False,
+        "smoothing_start": None,
+    }
     rule = [_cells.PLATEAU_STEPS, _cells.FIT_TOLERANCE]
     path = tmp_path / "cells.jsonl"
     path.write_text(json.dumps({"header": header}) + "\n")  # (no "fit_plateau")

@@ -18,6 +18,7 @@ from ..objective import Objective, Parametrisation
 from ..objective._params import Bounds, Where
 from ._parametrise import parametrisation
 from ._result import RESULTS, FitResult
+from ._unconstrained import batch_values, gradient_hessian
 
 
 def _covariance(objective: Objective, param: Parametrisation, model, least_squares: bool):
@@ -304,8 +305,9 @@ def with_smoothed_covariance(
     piecewise, and its autodiff Hessian, the curvature of one piece, can be indefinite at
     a minimum that the values show plainly. Here the Hessian comes from central
     differences of the values (unconstrained parametrisation, `2 n^2 + 1` evaluations for
-    `n` parameters) with a step of `step` times each parameter's 1-sigma error: first
-    estimated from the autodiff Hessian's diagonal, then from the errors so found, until
+    `n` parameters; the Numba backend's where it evaluates the objective on a CPU) with a
+    step of `step` times each parameter's 1-sigma error: first estimated from the
+    diagonal of the central differences of its gradient, then from the errors so found, until
     the steps change by less than 10% (at most `SMOOTHING_ROUNDS` rounds;
     `smoothed_value_hessian`). The Laplace approximation this gives is that of the
     objective smoothed over its 1-sigma region, which is what the errors describe. When
@@ -329,9 +331,15 @@ def with_smoothed_covariance(
     def value(z):
         return objective(param.to_model(unravel(z), model))
 
-    f = jax.jit(value)
-    diag = np.diagonal(np.asarray(jax.jit(jax.hessian(value))(raw0)))
-    _, cov, scale = smoothed_value_hessian(f, raw0, diag, step=step)
+    # the first steps from the central differences of the gradient (2k gradients: the
+    # autodiff Hessian of a pixelized evidence costs 20 times more), the values from the
+    # Numba backend where it evaluates the objective on a CPU (`batch_values`)
+    zero = jnp.zeros((), raw0.dtype)
+    _, _, h0 = gradient_hessian(objective, param, model, raw0, unravel, zero, prior=False)
+    values, _ = batch_values(objective, param, model, unravel, zero, "auto", prior=False)
+    _, cov, scale = smoothed_value_hessian(
+        jax.jit(value), raw0, np.diagonal(h0), step=step, values=values
+    )
     if cov is None:
         return result
     # from the unconstrained parametrisation to the physical values: J cov J^T

@@ -17,11 +17,12 @@ From the fit's optimum a few damped Newton steps find the mode `z*` of `exp(-F)`
 
     log E = -F(z*) + (k / 2) log(2 pi) - (1 / 2) log det H(z*),
 
-`H` the Hessian of `F` (central differences of its autodiff gradient, `_parts`). A
-negative eigenvalue of `H` (an evidence rough on scales below the step, or a mode not
-reached) counts by its magnitude, and is counted; eigenvalues below `LAPLACE_EIGEN_FLOOR`
-times the largest (a direction the objective and the prior leave flat: an improper
-prior's parameter the data do not constrain) are floored there and counted.
+`H` the Hessian of `F` (central differences of its autodiff gradient,
+`_unconstrained.gradient_hessian`). A negative eigenvalue of `H` (an evidence rough on
+scales below the step, or a mode not reached) counts by its magnitude, and is counted;
+eigenvalues below `LAPLACE_EIGEN_FLOOR` times the largest (a direction the objective and
+the prior leave flat: an improper prior's parameter the data do not constrain) are
+floored there and counted.
 """
 
 import math
@@ -40,14 +41,16 @@ from ..objective._params import Bounds, Where
 from ._covariance import smoothed_value_hessian
 from ._importance import importance_evidence
 from ._parametrise import parametrisation
+from ._unconstrained import (
+    batch_values as _batch_values,
+    gradient_hessian as _parts,
+    value as _value,
+)
 
 #: Eigenvalues of the Hessian below this fraction of the largest are floored there.
 LAPLACE_EIGEN_FLOOR = 1e-12
 #: Largest Newton step in any unconstrained coordinate (a bounded parameter's logit).
 LAPLACE_MAX_STEP = 4.0
-#: The step (unconstrained coordinates, float64; 30 times it in float32) of the central
-#: differences of the gradient that give the Hessian.
-LAPLACE_STEP = 1e-3
 
 
 class LaplaceEvidence(eqx.Module):
@@ -101,84 +104,6 @@ def _free_bounds(param: Parametrisation) -> list[Bounds | None]:
     return [b for f, b in zip(param.free, param.bounds, strict=True) if f]
 
 
-@eqx.filter_jit
-def _value_and_grad(
-    objective: Objective, param: Parametrisation, template: Any, raw: Any, norm: Any
-):
-    def F(r):
-        return objective(param.to_model(r, template)) - param.log_jacobian(r) + norm
-
-    return jax.value_and_grad(F)(raw)
-
-
-@eqx.filter_jit
-def _value(objective: Objective, param: Parametrisation, template: Any, raw: Any, norm: Any):
-    return objective(param.to_model(raw, template)) - param.log_jacobian(raw) + norm
-
-
-@eqx.filter_jit
-def _values(objective: Objective, param: Parametrisation, template: Any, raws: Any, norm: Any):
-    """`F` at each of the stacked raw values `raws` (one after another: `lax.map`)."""
-
-    def one(raw):
-        return objective(param.to_model(raw, template)) - param.log_jacobian(raw) + norm
-
-    return jax.lax.map(one, raws)
-
-
-@eqx.filter_jit
-def _physical(param: Parametrisation, template: Any, raws: Any):
-    """The free parameters' physical values (one flat vector a point, `param.values`'s
-    order) and `log |d theta / d z|` at each of the stacked raw values `raws`."""
-
-    def one(raw):
-        return ravel_pytree(param.values(param.to_model(raw, template)))[0], param.log_jacobian(raw)
-
-    return jax.vmap(one)(raws)
-
-
-def _batch_values(
-    objective: Objective,
-    param: Parametrisation,
-    template: Any,
-    unravel: Any,
-    norm: Any,
-    backend: str,
-) -> tuple[Callable[[Any], np.ndarray], str]:
-    """`F` at each row of an array of unconstrained points, and the backend that gives it:
-    "jax" (`_values`: one compiled `lax.map`) or "numba" (`equilens.numba.value` of each
-    point's model, the points' physical values and Jacobians from one compiled call),
-    chosen as `equilens.numba.log_density` chooses ("auto": Numba on a CPU where it can
-    evaluate the objective; the same values to round-off, 1.6x faster on the Jackpot's
-    pixelized evidence, docs/performance.md)."""
-    dtype = ravel_pytree(param.to_raw(template))[0].dtype
-
-    def jax_values(points):
-        # the points as one stacked pytree of raw values: `_values` compiles once for
-        # every call with the same model and objective (a closure given to lax.map would
-        # compile again each time)
-        raw = jax.vmap(unravel)(jnp.asarray(points, dtype))
-        return np.asarray(_values(objective, param, template, raw, norm))
-
-    if backend == "jax":
-        return jax_values, "jax"
-    from ..numba._terms import density
-
-    dens = density(objective, template, param, backend)
-    if dens.backend != "numba":
-        return jax_values, "jax"
-    shift = float(norm)
-
-    def numba_values(points):
-        phys, log_jac = _physical(param, template, jax.vmap(unravel)(jnp.asarray(points, dtype)))
-        phys, log_jac = np.asarray(phys, np.float64), np.asarray(log_jac, np.float64)
-        # `dens.f` is -objective; -inf (a model it cannot evaluate) gives F = inf
-        f = np.array([-dens.f(v) for v in phys])
-        return f - log_jac + shift
-
-    return numba_values, "numba"
-
-
 def _smoothed_hessian(
     objective, param, template, z, unravel, norm, h0, rounds, values
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -196,25 +121,22 @@ def _smoothed_hessian(
     return hess, np.asarray(scale)
 
 
-def _parts(objective, param, template, z, unravel, norm) -> tuple[float, np.ndarray, np.ndarray]:
-    """`F`, its gradient (autodiff) and its Hessian: central differences of the gradient
-    over steps of `LAPLACE_STEP` in each coordinate (2k gradients: on the shipped HST
-    lens's pixelized evidence 20 times cheaper than the autodiff Hessian, and over a step
-    about a posterior width it averages the evidence's roughness below that scale, as
-    `with_smoothed_covariance` does)."""
-
-    def grad(zz):
-        f, g = _value_and_grad(objective, param, template, unravel(zz), norm)
-        return float(f), np.asarray(ravel_pytree(g)[0], np.float64)
-
-    f, g = grad(z)
-    k = z.shape[0]
-    step = LAPLACE_STEP if z.dtype == jnp.float64 else 30 * LAPLACE_STEP
-    h = np.zeros((k, k))
-    for i in range(k):
-        e = jnp.zeros_like(z).at[i].set(step)
-        h[i] = (grad(z + e)[1] - grad(z - e)[1]) / (2 * step)
-    return f, g, 0.5 * (h + h.T)
+def _start_errors(start: Mapping[str, float] | None, names: tuple[str, ...]) -> dict[str, float]:
+    """`laplace_evidence`'s `smoothing_start` for the parameters `names` it names (checked:
+    finite and > 0)."""
+    if start is None:
+        return {}
+    out = {}
+    for n in names:
+        if n in start:
+            v = float(start[n])
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(
+                    f"laplace_evidence: smoothing_start[{n!r}] must be a finite error > 0 "
+                    f"(unconstrained coordinates), got {start[n]!r}"
+                )
+            out[n] = v
+    return out
 
 
 def _jacobian(param: Parametrisation, model: Any, unravel, z) -> np.ndarray:
@@ -235,6 +157,7 @@ def laplace_evidence(
     smoothing_rounds: int = 3,
     smoothing: Literal["differences", "importance"] = "differences",
     backend: Literal["auto", "numba", "jax"] = "auto",
+    smoothing_start: Mapping[str, float] | None = None,
 ) -> LaplaceEvidence:
     """The log-evidence of `objective` (a negative log posterior up to the priors of the
     bounds: a likelihood, or `LogEvidence`'s source-marginalised one) integrated over the
@@ -267,6 +190,13 @@ def laplace_evidence(
     evidence 60 ms a value against 95 ms, one thread; docs/performance.md), JAX
     otherwise.
 
+    `smoothing_start` (with `smoothed=True`): 1-sigma errors in the unconstrained
+    coordinates by parameter name (`names`' spelling; e.g. a like model's
+    `LaplaceEvidence.raw_errors`) that the first round's steps start from, instead of the
+    diagonal of the gradient's differences, which is then taken only for the parameters
+    it does not name (2 gradients each); names of no free parameter are ignored. A
+    subhalo scan's cells start from the smooth model's errors (docs/subhalo.md).
+
     A comparison of two models (e.g. a subhalo against none) by the difference of their
     log-evidences is meaningful for the parameters both share only when they share the
     bounds. Raises `ValueError` when the objective is not finite at `model`."""
@@ -284,7 +214,14 @@ def laplace_evidence(
     norm = jnp.asarray(_log_norm(param, model))
     raw = param.to_raw(model)
     z, unravel = ravel_pytree(raw)
-    f, g, h = _parts(objective, param, model, z, unravel, norm)
+    names = param.paths(model)
+    known = _start_errors(smoothing_start, names) if smoothed else {}
+    rows = [i for i, n in enumerate(names) if n not in known] if known else None
+    f, g, h = _parts(objective, param, model, z, unravel, norm, rows)
+    if known:
+        # the smoothing's first steps (its only use of `h`) from the errors given, the
+        # gradient's differences for the other parameters
+        h = np.diag([1.0 / known[n] ** 2 if n in known else h[i, i] for i, n in enumerate(names)])
     if not np.isfinite(f):
         raise ValueError("laplace_evidence: the objective is not finite at the model")
     steps = 0

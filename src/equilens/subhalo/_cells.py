@@ -422,19 +422,21 @@ def _read_checkpoint(path: Any, header: dict[str, Any]) -> list[dict[str, Any]] 
     # started at its centre, as with start_grid=0)
     # (and without "preconditioned", before the cell fits were: not preconditioned; without
     # "second_start", before the start grid's best was a second start: it replaced the
-    # default start; without "fit_plateau", before the scan's fits had one: none)
+    # default start; without "fit_plateau", before the scan's fits had one: none; without
+    # "smoothing_start", before the later evidences started from the smooth model's errors)
     old = {
         "start_grid": 0,
         "start_masses": [],
         "preconditioned": False,
         "second_start": False,
         "fit_plateau": None,
+        "smoothing_start": None,
         **lines[0]["header"],
     }
     keys = ("format", "kind", "mass_range", "centres", "start_grid", "start_masses")
-    for key in (*keys, "preconditioned", "second_start", "fit_plateau"):
+    for key in (*keys, "preconditioned", "second_start", "fit_plateau", "smoothing_start"):
         if old.get(key) != header[key]:
-            name = "fit_tolerance" if key == "fit_plateau" else key
+            name = {"fit_plateau": "fit_tolerance", "smoothing_start": "evidence"}.get(key, key)
             raise ValueError(
                 f"{path} holds a scan with another {name}: remove it or pass another checkpoint"
             )

@@ -1,5 +1,7 @@
 """The cells of a subhalo scan: a square grid over the mask's pixels."""
 
+from typing import Any
+
 import numpy as np
 from jaxtyping import Bool, Float
 
@@ -43,3 +45,22 @@ def scan_cells(
         if ((np.abs(xs - c[0]) <= half) & (np.abs(ys - c[1]) <= half)).any()
     ]
     return np.asarray(centres, np.float64).reshape(-1, 2), float(half)
+
+
+def grid_cells(objective: Any, grid: Any, half: float | None) -> tuple[np.ndarray, float]:
+    """`subhalo_scan`'s cells: `(centres, half)` of an `n` x `n` grid over the mask of
+    `objective`'s first imaging term (`scan_cells`) when `grid` is an int `n`, else
+    `grid`'s `(m, 2)` centres (arcsec) with `half`, checked."""
+    if isinstance(grid, int):
+        terms = objective.imaging_terms()
+        if not terms:
+            raise ValueError("subhalo_scan: the objective has no imaging term to lay a grid on")
+        im = terms[0].imaging
+        x, y = (np.asarray(a) for a in im.grid.coordinates())
+        return scan_cells(x, y, np.asarray(im.mask), grid, im.pixel_scale)
+    centres = np.asarray(grid, np.float64)
+    if centres.ndim != 2 or centres.shape[1] != 2 or centres.shape[0] < 1:
+        raise ValueError(f"grid must be an int or an (m, 2) array of centres, got {centres.shape}")
+    if half is None or not float(half) > 0:
+        raise ValueError("a grid of centres needs half (the cells' half-width, arcsec) > 0")
+    return centres, float(half)

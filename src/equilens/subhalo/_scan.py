@@ -50,11 +50,16 @@ from ._cells import (
     cell_scale,
     fit_plateau,
 )
-from ._grid import scan_cells, tile
+from ._grid import grid_cells, tile
 from ._polish import POLISH_GRID, cell_template, check_polish, polished
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
 from ._seed import START_MASSES, cell_starts, start_candidates
 from ._smooth import _as_sum, early_refits, smooth_refits
+
+#: The rounds of the smoothed curvature (`laplace_evidence(smoothing_rounds=)`) of the
+#: scan's evidences after the smooth model's, which start from the smooth model's errors
+#: (its own takes `laplace_evidence`'s default 3, from the gradient's differences).
+SMOOTHING_ROUNDS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,6 +353,11 @@ def subhalo_scan(
     - `smoothed`: the evidence's Hessian from its values over 1-sigma steps
       (`laplace_evidence(smoothed=True)`: for an evidence rough on small scales, a
       pixelized source's); default True when the objective has a `LogEvidence` term.
+      The smooth model's takes `laplace_evidence`'s defaults; every later one (cells,
+      sub-cells, refits) starts its steps from the smooth model's errors (the subhalo's
+      from the gradient's differences) and takes `SMOOTHING_ROUNDS` (2) rounds: a third
+      less time for the same evidences to within what the start alone moves them
+      (docs/subhalo.md).
     - `refit_smooth`: first fit the smooth model again with this objective, `solver`,
       `free`, `bounds` and `max_steps`, as the cells are fitted (default True: `smooth`
       may come from a fit with other terms, a positions guard, or another stopping
@@ -426,7 +436,7 @@ def subhalo_scan(
     pixelized = any(isinstance(t, LogEvidence) for t in objective.terms)
     smoothed = pixelized if smoothed is None else smoothed
     plateau = fit_plateau(fit_tolerance, pixelized)
-    centres, half = _cells(objective, grid, half)
+    centres, half = grid_cells(objective, grid, half)
     free, held = scan_free(objective, smooth, free, bounds)
     solver = solver or ("lm" if objective.least_squares else "bfgs")
     dtype = jnp.result_type(float)
@@ -478,6 +488,16 @@ def subhalo_scan(
     if not math.isfinite(smooth_ev.log_evidence):
         raise RuntimeError("subhalo_scan: the smooth model's evidence is not finite")
     say(f"smooth model: log evidence {smooth_ev.log_evidence:.2f}")
+    if smoothed:
+        # every later evidence (cells, sub-cells, the smooth refits) starts its smoothing
+        # from the smooth model's errors, where its steps' iteration has settled, with
+        # the gradient's differences for the subhalo's parameters alone, and takes
+        # `SMOOTHING_ROUNDS` rounds (docs/subhalo.md: the same evidences to within the
+        # spread the start alone gives, a third less of a cell's evidence time)
+        start = dict(zip(smooth_ev.names, np.asarray(smooth_ev.raw_errors).tolist(), strict=True))
+        evidence = functools.partial(
+            evidence, smoothing_start=start, smoothing_rounds=SMOOTHING_ROUNDS
+        )
 
     header = {
         "format": CHECKPOINT_FORMAT,
@@ -493,6 +513,9 @@ def subhalo_scan(
         "second_start": bool(start_grid),
         # (the fits' plateau rule, `fit_plateau`; None: none, as before 2026-12-05)
         "fit_plateau": None if plateau is None else list(plateau),
+        # (the later evidences' smoothing from the smooth model's errors, in this many
+        # rounds; None: from the gradient's differences in 3, as before 2026-12-06)
+        "smoothing_start": SMOOTHING_ROUNDS if smoothed else None,
     }
     records = _read_checkpoint(checkpoint, header)
     if checkpoint is not None and records is None:
@@ -638,22 +661,6 @@ def _summary(
         resumed=resumed,
         mass_range=mass_range,
     )
-
-
-def _cells(objective: Objective, grid: Any, half: float | None) -> tuple[np.ndarray, float]:
-    if isinstance(grid, int):
-        terms = objective.imaging_terms()
-        if not terms:
-            raise ValueError("subhalo_scan: the objective has no imaging term to lay a grid on")
-        im = terms[0].imaging
-        x, y = (np.asarray(a) for a in im.grid.coordinates())
-        return scan_cells(x, y, np.asarray(im.mask), grid, im.pixel_scale)
-    centres = np.asarray(grid, np.float64)
-    if centres.ndim != 2 or centres.shape[1] != 2 or centres.shape[0] < 1:
-        raise ValueError(f"grid must be an int or an (m, 2) array of centres, got {centres.shape}")
-    if half is None or not float(half) > 0:
-        raise ValueError("a grid of centres needs half (the cells' half-width, arcsec) > 0")
-    return centres, float(half)
 
 
 def _best(model: Any, sigma: dict[str, float], kind: str) -> dict[str, Any]:
