@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import math
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -990,6 +991,40 @@ def test_the_kept_smooth_model_is_read_back_only_for_its_own_data_and_settings(t
         f.truncate(20)
     kept, why = read_smooth(path, key)
     assert kept is None and "could not be read" in why
+
+
+def test_subhalo_commands_pixelized_chain_leaves_the_errors_to_the_scan(monkeypatch):
+    """`equilens subhalo`'s smooth model: the pixelized chain without its last stage's
+    errors (`fit_pixelized(covariance=False)`: the scan's Laplace evidence gives them,
+    `smooth_errors`); `equilens fit`'s chain keeps them."""
+    import equilens.solve
+    from equilens.cli import _source, _subhalo
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def recorded(imaging, start, **kw):
+        seen.append(kw.get("covariance", True))
+        raise Stop
+
+    start = el.LensSystem(
+        mass=mass.SIE(theta_E=1.0), source=light.Sersic(amp=1.0, R_sersic=0.2, n_sersic=1.0)
+    )
+    monkeypatch.setattr(equilens.solve, "fit_pixelized", recorded)
+    monkeypatch.setattr(equilens.solve, "auto_positions", lambda *a: None)
+    monkeypatch.setattr(_subhalo, "parametric_fit", lambda *a, **kw: SimpleNamespace(model=start))
+    mesh, reg = el.RectangularMesh((8, 8)), el.ConstantRegularization(1.0)
+    with pytest.raises(Stop):
+        _subhalo._smooth_fit(
+            None, "sie", None, "lm", None, mesh, reg, None, False, None, source="pixelized"
+        )
+    with pytest.raises(Stop):
+        _source._pixelized_stage(
+            None, SimpleNamespace(model=start), mesh, reg, None, "lm", None, None, False
+        )
+    assert seen == [False, True]
 
 
 @slow_ci

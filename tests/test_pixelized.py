@@ -1211,6 +1211,25 @@ def test_pixelized_chain_keeps_a_lens_light_round_only_when_the_evidence_rises()
         el.solve.fit_pixelized(imaging, start, light_rounds=-1, log=None)
 
 
+@slow_ci
+def test_the_chain_without_its_errors_ends_at_the_same_model():
+    """`fit_pixelized(covariance=False)` (`equilens subhalo`'s smooth model: the scan's
+    Laplace evidence gives its errors): the same stages, the kept one fitted once more all
+    the same, no errors and a note saying so; the model the chain's with its errors to
+    round-off (that last fit's program differs: it compiles the Hessian with it)."""
+    _, imaging, start = _light_dataset()
+    kw = dict(lens_light="fixed", light_rounds=0, rounds=1, fit_strength=False, log=None)
+    full, inv_full, stages_full = el.solve.fit_pixelized(imaging, start, **kw)
+    bare, inv_bare, stages_bare = el.solve.fit_pixelized(imaging, start, covariance=False, **kw)
+    assert [s["log_evidence"] for s in stages_bare] == [s["log_evidence"] for s in stages_full]
+    assert np.all(np.isnan(np.asarray(bare.errors))) and bare.result == full.result
+    assert "no errors computed (covariance=False)" in bare.notes
+    assert np.all(np.isfinite(np.asarray(full.errors))) and "no errors" not in full.message()
+    assert bare.names == full.names
+    assert rel_err(np.asarray(bare.values), np.asarray(full.values)) < 1e-8
+    assert float(inv_bare.log_evidence) == pytest.approx(float(inv_full.log_evidence), rel=1e-10)
+
+
 @pytest.mark.slow
 @pytest.mark.x64_only
 def test_adaptive_regularization_rounds_keep_the_adapt_image_of_the_best_round(monkeypatch):

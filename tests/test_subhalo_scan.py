@@ -430,6 +430,11 @@ def test_the_cells_evidences_start_their_smoothing_from_the_smooth_models_errors
     for later, _ in calls[1:]:
         assert later["smoothing_start"] == errors
         assert later["smoothing_rounds"] == _scan.SMOOTHING_ROUNDS
+    # the smooth model's errors are its Laplace evidence's (`equilens subhalo` reports them
+    # instead of the chain's)
+    sigma = np.sqrt(np.diagonal(np.asarray(ev.covariance)))
+    assert scan.smooth_errors == dict(zip(ev.names, sigma.tolist(), strict=True))
+    assert np.all(sigma > 0) and scan.to_dict()["smooth_errors"] == scan.smooth_errors
     header = json.loads(path.read_text().splitlines()[0])["header"]
     assert header["smoothing_start"] == _scan.SMOOTHING_ROUNDS
     header.pop("smoothing_start")

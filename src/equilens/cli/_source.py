@@ -135,14 +135,15 @@ def _pixelized_stage(
     progress,
     power_law=False,
     finer_meshes=0,
+    covariance=True,
 ) -> tuple[Any, Any, list, Any]:
     """`fit_pixelized` from a parametric fit (its mass and lens light, the lens light held),
     as `equilens fit --source pixelized` runs it: the regularization's strength fitted
     unless `strength` is given, the images of one source point held together (the given
     `positions`, or the images of the parametric source's centre), the power-law stage
     when `power_law`, up to `finer_meshes` finer source meshes kept where the evidence
-    rises (`fit_pixelized`). Returns the result, the inversion, the stage records and the
-    held positions (or None)."""
+    rises, the errors unless `covariance` is False (`fit_pixelized`). Returns the result,
+    the inversion, the stage records and the held positions (or None)."""
     from ..solve import auto_positions, fit_pixelized, pixelized_model
 
     held = positions if positions is not None else auto_positions(imaging, parametric.model)
@@ -159,5 +160,6 @@ def _pixelized_stage(
         progress=progress,
         power_law=power_law,
         finer_meshes=finer_meshes,
+        covariance=covariance,
     )
     return result, inversion, stages, held

@@ -276,8 +276,10 @@ def _smooth_fit(
     finer_meshes: int = 0,
 ) -> tuple[Any, Any]:
     """The smooth model as `equilens fit` fits it (the parametric fit, then for a pixelized
-    source the evidence chain): its `FitResult` and the chain's brightness estimate (the
-    adapt image of its last stage; None for a parametric source)."""
+    source the evidence chain, without the errors of its last stage: the scan's Laplace
+    evidence of the smooth model gives them, `SubhaloScan.smooth_errors`): its `FitResult`
+    and the chain's brightness estimate (the adapt image of its last stage; None for a
+    parametric source)."""
     from ..solve import fit_lens
 
     pixelized = pix_mesh is not None
@@ -308,6 +310,8 @@ def _smooth_fit(
         None,
         progress,
         finer_meshes=finer_meshes,
+        # (the scan's Laplace evidence of the smooth model gives its errors: `smooth_errors`)
+        covariance=False,
     )
     return smooth, inversion.adapt_image
 

@@ -98,6 +98,9 @@ class SubhaloScan:
       against the best of them.
     - `held`: the parameters held at the smooth model's values in both models (a
       pixelized source's hyperparameters, by default: `subhalo_scan`'s `free`).
+    - `smooth_errors`: the 1-sigma errors of the smooth model's free parameters (by path)
+      from its Laplace evidence, of the smooth model the cells start from (a smooth refit
+      that gains moves the values, not these errors).
     """
 
     centres: np.ndarray
@@ -119,6 +122,7 @@ class SubhaloScan:
     polished: "SubhaloScan | None" = None
     smooth_gain: float = 0.0
     held: tuple[str, ...] = ()
+    smooth_errors: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def best_fit(self) -> Any:
@@ -143,6 +147,7 @@ class SubhaloScan:
             "smooth_log_evidence": self.smooth_log_evidence,
             "smooth_gain": self.smooth_gain,
             "held": list(self.held),
+            "smooth_errors": {k: _finite_or_none(v) for k, v in self.smooth_errors.items()},
             "delta_log_evidence_grid": self.delta_log_evidence_grid,
             "z_lens": self.cosmology.z_lens,
             "z_source": self.cosmology.z_source,
@@ -660,6 +665,10 @@ def _summary(
         wall_time=0.0,
         resumed=resumed,
         mass_range=mass_range,
+        smooth_errors={
+            n: math.sqrt(max(float(smooth_ev.covariance[k, k]), 0.0))
+            for k, n in enumerate(smooth_ev.names)
+        },
     )
 
 
