@@ -5,6 +5,7 @@ closed forms; the cells over a mask; and a small scan that finds a subhalo injec
 arc (and none where there is none), resumed from its checkpoint to the same numbers."""
 
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -497,10 +498,14 @@ def test_scan_on_a_dask_cluster_of_two_workers_equals_the_scan_in_one_process():
     smooth = el.fit(objective, start, covariance=False)
     centres = np.asarray([[0.1, 0.8], [-0.8, -0.6], [0.8, -0.6]])
     kw = dict(grid=centres, half=0.3, kind="pseudo_jaffe", progress=False, refine=2)
-    here = subhalo_scan(objective, smooth, LC, **kw)
+    said_here, said_there = [], []
+    here = subhalo_scan(objective, smooth, LC, log=said_here.append, **kw)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True) as cluster:
         with distributed.Client(cluster) as client:
-            there = subhalo_scan(objective, smooth, LC, client=client, **kw)
+            there = subhalo_scan(objective, smooth, LC, client=client, log=said_there.append, **kw)
+    # the start grids scored here, and in the cells' tasks on the workers: the same starts
+    assert sum("get a second start" in line for line in said_here) == 2  # cells, sub-cells
+    assert sum("on the workers" in line for line in said_there) == 2
     # the same programs on the same CPU: equal to round-off (XLA may split reductions
     # over another number of threads in a worker)
     np.testing.assert_allclose(there.log_evidence, here.log_evidence, rtol=1e-9, atol=1e-6)
@@ -525,7 +530,13 @@ def test_a_cells_fit_starts_from_the_best_of_its_start_grid():
     far better than the default start at the cell's centre; a cell without a subhalo keeps
     a small mass (or the default)."""
     from equilens.subhalo._scan import _as_sum, with_subhalo
-    from equilens.subhalo._seed import best_starts, cell_starts, start_candidates
+    from equilens.subhalo._seed import (
+        best_starts,
+        cell_starts,
+        seeded_starts,
+        start_candidates,
+        task_starts,
+    )
 
     cand = start_candidates(3, (6.0, 8.0, 9.5, 10.0, 11.0), (6.0, 11.0))
     assert cand.shape == (27, 3)  # 9 positions x the 3 masses strictly inside the bounds
@@ -580,6 +591,20 @@ def test_a_cells_fit_starts_from_the_best_of_its_start_grid():
     np.testing.assert_array_equal(one, defaults[:, None, :])
     done = cell_starts(objective, template, centres, cand, defaults, 6.5, {0: {}}, lines.append)
     assert np.all(np.isnan(done[0, 1]))
+    # with Dask's workers each cell's task scores its own grid (`seeded_starts` gives the
+    # first starts and the pool, `task_starts` runs in the task): the same starts
+    seeded = functools.partial(seeded_starts, objective, template, centres, cand, defaults, 6.5)
+    here, none = seeded({}, lines.append, False)
+    np.testing.assert_array_equal(here, both)
+    assert none is None
+    firsts, pool = seeded({}, lines.append, True)
+    np.testing.assert_array_equal(firsts, defaults[:, None, :])
+    assert pool is not None and pool.shape == (1 + len(cand), 3)
+    assert "in each cell's task, on the workers" in lines[-1]
+    for i in range(len(centres)):
+        np.testing.assert_array_equal(
+            task_starts(objective, template, centres[i], defaults[i], pool), both[i]
+        )
 
 
 @slow_ci
@@ -788,7 +813,7 @@ def test_dask_tasks_of_two_scans_with_one_set_up_have_keys_of_their_own(monkeypa
             assert broadcast and hash is False
             return setup
 
-        def submit(self, fn, shared, centre, uv, key):
+        def submit(self, fn, shared, centre, uv, pool, key):
             keys.append(key)
             return Done(key)
 

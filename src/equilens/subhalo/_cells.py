@@ -124,13 +124,17 @@ def _run_cells(
     mesh: Any,
     progress: bool,
     say: Callable[..., None],
+    pool: np.ndarray | None = None,
 ) -> tuple[np.ndarray, list[str], list[Any], list[dict[str, float]]]:
     """Fits the cells `centres` (of half-width `half`, the subhalo started at `starts`: rows
     `(u, v, log10_mass)` a cell, NaN rows none, `_cell_task`) not in `done` (the
     checkpoint's records, by index); each finished cell written to `checkpoint` under `key`
     ("cell", "sub" for the refinement's sub-cells, "polish" for the polishing fit) as it
-    finishes. Returns each cell's
-    log-evidence, status, fitted model and subhalo errors."""
+    finishes; with a start grid's `pool` (Dask only: `_seed.seeded_starts`), each task
+    scores its cell's grid itself. Returns each cell's log-evidence, status, fitted model
+    and subhalo errors."""
+    if pool is not None and client is None:
+        raise ValueError("a start grid's pool is scored in the cells' tasks on Dask only")
     template = setup.template
     dtype = template.mass.components[-1].log10_mass.dtype
     n = centres.shape[0]
@@ -150,7 +154,7 @@ def _run_cells(
     todo = [i for i in range(n) if i not in done]
     bar = _bar(len(todo), progress, BARS[key])
     if client is not None:
-        finished = _on_dask(client, setup, centres, starts, todo)
+        finished = _on_dask(client, setup, centres, starts, todo, pool)
     elif todo and batch_route(route, mesh) == "vmap":
         finished = _vmapped(setup, centres, starts, todo, mesh)
     else:
@@ -200,11 +204,18 @@ def _in_cell(template: LensSystem, centre: np.ndarray, start: np.ndarray, dtype:
     return place(template, jnp.asarray(centre, dtype), jnp.asarray(start, dtype))
 
 
-def _cell_task(setup: CellSetup, centre: np.ndarray, at: np.ndarray) -> CellRecord:
+def _cell_task(
+    setup: CellSetup, centre: np.ndarray, at: np.ndarray, pool: np.ndarray | None = None
+) -> CellRecord:
     """One cell of the scan from what every cell shares (`setup`), its centre and the
     subhalo's starts in it (`at`: rows `(u, v, log10_mass)`, NaN rows skipped; one row
-    also taken): fitted from each, the better fit kept (`_better`), then its evidence.
-    What a Dask worker runs."""
+    also taken; with a start grid's `pool`, the first row and the grid's second start,
+    `_seed.task_starts`, scored here): fitted from each, the better fit kept (`_better`),
+    then its evidence. What a Dask worker runs."""
+    if pool is not None:
+        from ._seed import task_starts  # (`_seed` imports this module)
+
+        at = task_starts(setup.cell_objective, setup.template, centre, _rows(at)[0], pool)
     dtype = setup.template.mass.components[-1].log10_mass.dtype
     tried = []
     for row in _rows(at):
@@ -278,9 +289,15 @@ def _x64(enabled: bool) -> None:
 
 
 def _on_dask(
-    client: Any, setup: CellSetup, centres: np.ndarray, starts: np.ndarray, todo: list[int]
+    client: Any,
+    setup: CellSetup,
+    centres: np.ndarray,
+    starts: np.ndarray,
+    todo: list[int],
+    pool: np.ndarray | None = None,
 ):
-    """`(cell, record)` of the cells `todo` as Dask's workers finish them. The shared set-up
+    """`(cell, record)` of the cells `todo` as Dask's workers finish them (each task
+    scoring its cell's start grid `pool` first, where given). The shared set-up
     is sent to every worker once (`scatter(broadcast=True)`): each worker's tasks get the
     same objects, whose static parts (the `where` functions, the parametrisation) then
     match the programs the worker compiled for its first cell: one compilation per
@@ -301,7 +318,9 @@ def _on_dask(
     # is reused once a set-up is freed
     run = uuid.uuid4().hex
     futures = {
-        client.submit(_cell_task, shared, centres[i], starts[i], key=f"subhalo-cell-{i}-{run}"): i
+        client.submit(
+            _cell_task, shared, centres[i], starts[i], pool, key=f"subhalo-cell-{i}-{run}"
+        ): i
         for i in todo
     }
     for future in as_completed(futures):

@@ -112,15 +112,69 @@ def cell_starts(
     t0 = time.perf_counter()
     # the quiet start leads the pool: where it is the best, no candidate beats the smooth
     # model with the macro model held, and the cell gets no second start
-    pool = np.concatenate([[[0.0, 0.0, float(quiet)]], np.asarray(candidates, np.float64)])
+    pool = start_pool(candidates, quiet)
     best, _ = best_starts(objective, template, centres[todo], pool, np.asarray(first)[todo])
     second = np.full((len(centres), 3), np.nan)
     for k, i in enumerate(todo):
-        if not (np.array_equal(best[k], first[i]) or np.array_equal(best[k], pool[0])):
-            second[i] = best[k]
+        second[i] = second_start(best[k], first[i], pool)
     n = int(np.sum(np.isfinite(second[:, 0])))
     say(
         f"start grid: {n} of {len(todo)} cells get a second start, the best of "
         f"{len(candidates)} ({time.perf_counter() - t0:.0f} s)"
     )
     return np.stack([np.asarray(first, np.float64), second], axis=1)
+
+
+def start_pool(candidates: Float[np.ndarray, "k 3"], quiet: float) -> Float[np.ndarray, "k1 3"]:
+    """The rows a cell's start grid scores: the quiet start (a subhalo of log10 mass `quiet`
+    at the cell's centre: the smooth model) first, then the `candidates`."""
+    return np.concatenate([[[0.0, 0.0, float(quiet)]], np.asarray(candidates, np.float64)])
+
+
+def second_start(
+    best: Float[np.ndarray, " 3"], first: Float[np.ndarray, " 3"], pool: Float[np.ndarray, "k1 3"]
+) -> Float[np.ndarray, " 3"]:
+    """A cell's second start: its start grid's `best` row, or a NaN row (none) where that is
+    the cell's `first` start or the quiet start (`pool`'s first row, `start_pool`): where
+    the quiet start is the best, no candidate beats the smooth model with the macro model
+    held."""
+    if np.array_equal(best, first) or np.array_equal(best, pool[0]):
+        return np.full(3, np.nan)
+    return np.asarray(best, np.float64)
+
+
+def seeded_starts(
+    objective: Objective,
+    template: Any,
+    centres: Float[np.ndarray, "cells 2"],
+    candidates: Float[np.ndarray, "k 3"],
+    first: Float[np.ndarray, "cells 3"],
+    quiet: float,
+    done: Mapping[int, Any],
+    say: Callable[[str], None],
+    on_workers: bool,
+) -> tuple[Float[np.ndarray, "cells starts 3"], Float[np.ndarray, "k1 3"] | None]:
+    """The cells' starts and the pool of start-grid rows their tasks score themselves (None:
+    none): `cell_starts` here, or with `on_workers` (Dask's workers fit the cells) each
+    cell's `first` start alone and the pool (`start_pool`), which each cell's task scores
+    on its worker before its fits (`task_starts`): the same starts (the same rows, scored
+    by the same program), found beside the other cells' fits instead of here while the
+    workers wait."""
+    if not on_workers or not len(candidates):
+        return cell_starts(objective, template, centres, candidates, first, quiet, done, say), None
+    say(f"start grid: the best of {len(candidates)} in each cell's task, on the workers")
+    return np.asarray(first, np.float64)[:, None, :], start_pool(candidates, quiet)
+
+
+def task_starts(
+    objective: Objective,
+    template: Any,
+    centre: Float[np.ndarray, " 2"],
+    first: Float[np.ndarray, " 3"],
+    pool: Float[np.ndarray, "k1 3"],
+) -> Float[np.ndarray, "2 3"]:
+    """One cell's starts as `cell_starts` gives them: its `first` start and its second
+    (`second_start` of the best of `first` and the `pool`'s rows, `best_starts`)."""
+    first = np.asarray(first, np.float64)
+    best, _ = best_starts(objective, template, np.asarray(centre)[None, :], pool, first[None, :])
+    return np.stack([first, second_start(best[0], first, pool)])
