@@ -5,7 +5,6 @@ closed forms; the cells over a mask; and a small scan that finds a subhalo injec
 arc (and none where there is none), resumed from its checkpoint to the same numbers."""
 
 import dataclasses
-import functools
 import json
 import math
 import time
@@ -533,8 +532,8 @@ def test_a_cells_fit_starts_from_the_best_of_its_start_grid():
     from equilens.subhalo._seed import (
         best_starts,
         cell_starts,
-        seeded_starts,
         start_candidates,
+        start_pool,
         task_starts,
     )
 
@@ -591,16 +590,15 @@ def test_a_cells_fit_starts_from_the_best_of_its_start_grid():
     np.testing.assert_array_equal(one, defaults[:, None, :])
     done = cell_starts(objective, template, centres, cand, defaults, 6.5, {0: {}}, lines.append)
     assert np.all(np.isnan(done[0, 1]))
-    # with Dask's workers each cell's task scores its own grid (`seeded_starts` gives the
-    # first starts and the pool, `task_starts` runs in the task): the same starts
-    seeded = functools.partial(seeded_starts, objective, template, centres, cand, defaults, 6.5)
-    here, none = seeded({}, lines.append, False)
-    np.testing.assert_array_equal(here, both)
-    assert none is None
-    firsts, pool = seeded({}, lines.append, True)
+    # with Dask's workers each cell's task scores its own grid (`cell_starts(in_tasks=True)`
+    # gives the first starts, `task_starts` runs in the task on `start_pool`): the same
+    firsts = cell_starts(
+        objective, template, centres, cand, defaults, 6.5, {}, lines.append, in_tasks=True
+    )
     np.testing.assert_array_equal(firsts, defaults[:, None, :])
-    assert pool is not None and pool.shape == (1 + len(cand), 3)
     assert "in each cell's task, on the workers" in lines[-1]
+    pool = start_pool(cand, 6.5)
+    assert pool.shape == (1 + len(cand), 3) and pool[0].tolist() == [0.0, 0.0, 6.5]
     for i in range(len(centres)):
         np.testing.assert_array_equal(
             task_starts(objective, template, centres[i], defaults[i], pool), both[i]

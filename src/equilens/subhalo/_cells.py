@@ -130,7 +130,7 @@ def _run_cells(
     `(u, v, log10_mass)` a cell, NaN rows none, `_cell_task`) not in `done` (the
     checkpoint's records, by index); each finished cell written to `checkpoint` under `key`
     ("cell", "sub" for the refinement's sub-cells, "polish" for the polishing fit) as it
-    finishes; with a start grid's `pool` (Dask only: `_seed.seeded_starts`), each task
+    finishes; with a start grid's `pool` (Dask only: `_seed.cell_starts(in_tasks=True)`), each task
     scores its cell's grid itself. Returns each cell's log-evidence, status, fitted model
     and subhalo errors."""
     if pool is not None and client is None:

@@ -53,7 +53,7 @@ from ._cells import (
 from ._grid import grid_cells, tile
 from ._polish import POLISH_GRID, cell_template, check_polish, polished
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
-from ._seed import START_MASSES, seeded_starts, start_candidates
+from ._seed import START_MASSES, cell_starts, start_candidates, start_pool
 from ._smooth import _as_sum, early_refits, smooth_refits
 
 #: The rounds of the smoothed curvature (`laplace_evidence(smoothing_rounds=)`) of the
@@ -558,8 +558,10 @@ def subhalo_scan(
     )
     done = {int(r["cell"]): r for r in records if "cell" in r}
     first = np.tile([0.0, 0.0, float(start_log10_mass)], (len(centres), 1))
-    seed = functools.partial(seeded_starts, quiet=setup.quiet, on_workers=client is not None)
-    starts, pool = seed(cell_objective, template, centres, candidates, first, done=done, say=say)
+    # (with Dask each cell's task scores its own start grid from `pool`: `_seed.task_starts`)
+    pool = start_pool(candidates, setup.quiet) if client is not None and len(candidates) else None
+    seed = functools.partial(cell_starts, quiet=setup.quiet, say=say, in_tasks=pool is not None)
+    starts = seed(cell_objective, template, centres, candidates, first, done=done)
     cells = run(setup, centres, half, starts, done, "cell", pool=pool)
     scan = _summary(centres, half, cells, smooth_ev, kind, cosmology, (lo, hi), len(done))
     best = scan.fits[scan.best_index]
@@ -591,9 +593,7 @@ def subhalo_scan(
             and np.allclose(r["center"], sub_centres[int(r["sub"])], rtol=0, atol=1e-9)
             and math.isclose(r["half"], sub_half, rel_tol=1e-9)
         }
-        starts, pool = seed(
-            cell_objective, sub_template, sub_centres, candidates, first, done=done, say=say
-        )
+        starts = seed(cell_objective, sub_template, sub_centres, candidates, first, done=done)
         sub_cells = run(sub_setup, sub_centres, sub_half, starts, done, "sub", pool=pool)
         refined = _summary(
             sub_centres, sub_half, sub_cells, smooth_ev, kind, cosmology, (lo, hi), len(done)

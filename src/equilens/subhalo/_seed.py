@@ -99,15 +99,21 @@ def cell_starts(
     quiet: float,
     done: Mapping[int, Any],
     say: Callable[[str], None],
+    in_tasks: bool = False,
 ) -> Float[np.ndarray, "cells starts 3"]:
     """The cells' starts `(u, v, log10_mass)`, one row a start: `first`, and for the cells
     not `done` a second row, the best of the `candidates` (`best_starts`, scored by the cell
     fit's `objective` with the rest of `template` held) where it beats both the cell's
     `first` start and its quiet start (a subhalo of log10 mass `quiet` at the cell's
     centre: the smooth model); NaN where there is none. Without `candidates`, `first`
-    alone (one start a cell)."""
+    alone (one start a cell). With `in_tasks` (Dask's workers fit the cells), `first`
+    alone too: each cell's task finds its second start itself, on its worker, from the
+    pool `start_pool` gives (`task_starts`: the same rows scored by the same program),
+    beside the other cells' fits instead of here while the workers wait."""
     todo = [i for i in range(len(centres)) if i not in done]
-    if not len(candidates) or not todo:
+    if not len(candidates) or not todo or in_tasks:
+        if in_tasks and len(candidates) and todo:
+            say(f"start grid: the best of {len(candidates)} in each cell's task, on the workers")
         return np.asarray(first, np.float64)[:, None, :]
     t0 = time.perf_counter()
     # the quiet start leads the pool: where it is the best, no candidate beats the smooth
@@ -141,29 +147,6 @@ def second_start(
     if np.array_equal(best, first) or np.array_equal(best, pool[0]):
         return np.full(3, np.nan)
     return np.asarray(best, np.float64)
-
-
-def seeded_starts(
-    objective: Objective,
-    template: Any,
-    centres: Float[np.ndarray, "cells 2"],
-    candidates: Float[np.ndarray, "k 3"],
-    first: Float[np.ndarray, "cells 3"],
-    quiet: float,
-    done: Mapping[int, Any],
-    say: Callable[[str], None],
-    on_workers: bool,
-) -> tuple[Float[np.ndarray, "cells starts 3"], Float[np.ndarray, "k1 3"] | None]:
-    """The cells' starts and the pool of start-grid rows their tasks score themselves (None:
-    none): `cell_starts` here, or with `on_workers` (Dask's workers fit the cells) each
-    cell's `first` start alone and the pool (`start_pool`), which each cell's task scores
-    on its worker before its fits (`task_starts`): the same starts (the same rows, scored
-    by the same program), found beside the other cells' fits instead of here while the
-    workers wait."""
-    if not on_workers or not len(candidates):
-        return cell_starts(objective, template, centres, candidates, first, quiet, done, say), None
-    say(f"start grid: the best of {len(candidates)} in each cell's task, on the workers")
-    return np.asarray(first, np.float64)[:, None, :], start_pool(candidates, quiet)
 
 
 def task_starts(
