@@ -22,6 +22,8 @@ from ..objective._params import Bounds, Where
 from ..solve import RESULTS, FitResult, fit, fit_batch, pick
 from ..solve._batch import BatchRoute, batch_route
 from ..solve._laplace import LaplaceEvidence
+from ._grid import place
+from ._seed import task_starts
 
 #: A cell's `(log-evidence, status, fitted model, 1-sigma errors of the subhalo's u, v and
 #: log10_mass)`.
@@ -181,24 +183,6 @@ def _run_cells(
     return log_e, status, fits, errors
 
 
-def place(template: LensSystem, cell: Any, at: Any) -> LensSystem:
-    """`template` with its subhalo's (its last mass component's) cell centred at `cell`
-    (`(x, y)`, arcsec) and the subhalo at `at` (`(u, v, log10_mass)`: cell units, log10
-    Msun): arrays or scalars of the subhalo's dtype, so it traces under `jit` and
-    `lax.map`."""
-    return eqx.tree_at(
-        lambda s: (
-            s.mass.components[-1].cell_x,
-            s.mass.components[-1].cell_y,
-            s.mass.components[-1].u,
-            s.mass.components[-1].v,
-            s.mass.components[-1].log10_mass,
-        ),
-        template,
-        (cell[0], cell[1], at[0], at[1], at[2]),
-    )
-
-
 def _in_cell(template: LensSystem, centre: np.ndarray, start: np.ndarray, dtype: Any) -> LensSystem:
     """`place` from host values: `template`'s subhalo in the cell at `centre`, at `start`."""
     return place(template, jnp.asarray(centre, dtype), jnp.asarray(start, dtype))
@@ -213,8 +197,6 @@ def _cell_task(
     `_seed.task_starts`, scored here): fitted from each, the better fit kept (`_better`),
     then its evidence. What a Dask worker runs."""
     if pool is not None:
-        from ._seed import task_starts  # (`_seed` imports this module)
-
         at = task_starts(setup.cell_objective, setup.template, centre, _rows(at)[0], pool)
     dtype = setup.template.mass.components[-1].log10_mass.dtype
     tried = []

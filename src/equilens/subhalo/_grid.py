@@ -1,9 +1,13 @@
-"""The cells of a subhalo scan: a square grid over the mask's pixels."""
+"""The cells of a subhalo scan: a square grid over the mask's pixels, and a model's
+subhalo placed in one (`place`)."""
 
 from typing import Any
 
+import equinox as eqx
 import numpy as np
 from jaxtyping import Bool, Float
+
+from .._lens_system import LensSystem
 
 
 def tile(
@@ -64,3 +68,21 @@ def grid_cells(objective: Any, grid: Any, half: float | None) -> tuple[np.ndarra
     if half is None or not float(half) > 0:
         raise ValueError("a grid of centres needs half (the cells' half-width, arcsec) > 0")
     return centres, float(half)
+
+
+def place(template: LensSystem, cell: Any, at: Any) -> LensSystem:
+    """`template` with its subhalo's (its last mass component's) cell centred at `cell`
+    (`(x, y)`, arcsec) and the subhalo at `at` (`(u, v, log10_mass)`: cell units, log10
+    Msun): arrays or scalars of the subhalo's dtype, so it traces under `jit` and
+    `lax.map`."""
+    return eqx.tree_at(
+        lambda s: (
+            s.mass.components[-1].cell_x,
+            s.mass.components[-1].cell_y,
+            s.mass.components[-1].u,
+            s.mass.components[-1].v,
+            s.mass.components[-1].log10_mass,
+        ),
+        template,
+        (cell[0], cell[1], at[0], at[1], at[2]),
+    )

@@ -25,7 +25,7 @@ import numpy as np
 from jaxtyping import Float
 
 from ..objective import Objective
-from ._cells import place
+from ._grid import place
 
 #: The subhalo masses (log10 Msun) of the start grid, kept inside the scan's mass range.
 START_MASSES = (7.0, 7.5, 8.0, 8.5, 9.0, 9.5, 10.0, 10.5)
