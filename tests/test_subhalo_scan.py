@@ -398,6 +398,23 @@ def test_laplace_evidence_refuses_a_hessian_that_is_not_finite(monkeypatch):
         laplace_evidence(objective, start, newton_steps=0)
 
 
+def _recorded_evidences(monkeypatch) -> list:
+    """The scan's `laplace_evidence` calls, recorded as `(keywords, LaplaceEvidence)` in
+    the list returned as they are made."""
+    from equilens.subhalo import _scan
+
+    calls = []
+    real = _scan.laplace_evidence
+
+    def recorded(*args, **kw):
+        ev = real(*args, **kw)
+        calls.append((kw, ev))
+        return ev
+
+    monkeypatch.setattr(_scan, "laplace_evidence", recorded)
+    return calls
+
+
 @slow_ci
 def test_the_cells_evidences_start_their_smoothing_from_the_smooth_models_errors(
     monkeypatch, tmp_path
@@ -410,15 +427,7 @@ def test_the_cells_evidences_start_their_smoothing_from_the_smooth_models_errors
 
     objective, start = _lens(True)
     smooth = el.fit(objective, start, covariance=False)
-    calls = []
-    real = _scan.laplace_evidence
-
-    def recorded(*args, **kw):
-        ev = real(*args, **kw)
-        calls.append((kw, ev))
-        return ev
-
-    monkeypatch.setattr(_scan, "laplace_evidence", recorded)
+    calls = _recorded_evidences(monkeypatch)
     path = tmp_path / "cells.jsonl"
     kw = dict(grid=np.asarray([[0.1, 0.8]]), half=0.3, kind="pseudo_jaffe", progress=False)
     kw.update(refine=0, polish=0, smooth_starts=1, start_grid=0, smoothed=True, checkpoint=path)
@@ -881,6 +890,7 @@ def test_cells_are_fitted_in_units_of_the_smooth_models_errors(tmp_path):
         "second_start": False,
         "fit_plateau": None,
         "smoothing_start": None,
+        "subhalo_samples": 0,
     }
     assert _cells._read_checkpoint(path, now) == []
     with pytest.raises(ValueError, match="another preconditioned"):
@@ -898,6 +908,7 @@ def test_cells_are_fitted_in_units_of_the_smooth_models_errors(tmp_path):
                 "second_start": True,
                 "fit_plateau": None,
                 "smoothing_start": None,
+                "subhalo_samples": 0,
             },
         )
 
@@ -929,6 +940,7 @@ def test_the_scans_fit_tolerance_is_its_fits_plateau_and_in_its_checkpoint(tmp_p
         "preconditioned": True,
         "second_start": False,
         "smoothing_start": None,
+        "subhalo_samples": 0,
     }
     rule = [_cells.PLATEAU_STEPS, _cells.FIT_TOLERANCE]
     path = tmp_path / "cells.jsonl"
@@ -1141,3 +1153,37 @@ def test_the_smooth_model_is_fitted_again_from_the_best_subhalo_fits_and_the_bes
     assert _smooth.smooth_refits(coarse, 3, lines.append, objective) is coarse
     seen.clear()
     assert _smooth.smooth_refits(coarse, 0, lines.append, objective) is coarse and seen == []
+
+
+def test_the_cells_evidences_are_corrected_along_the_subhalo_when_asked(monkeypatch, tmp_path):
+    """`subhalo_scan(subhalo_samples=n)`: each cell's Laplace evidence (not the smooth
+    model's) is corrected by importance sampling along the subhalo's `u`, `v` and
+    `log10_mass` (`laplace_evidence(block=...)`), the cell's log-evidence the corrected
+    one; the checkpoint's header says how many points (a checkpoint without, 0, is
+    refused); bad values are refused; the default is the Laplace approximation alone."""
+
+    objective, start = _lens(False)
+    smooth = el.fit(objective, start, covariance=False)
+    calls = _recorded_evidences(monkeypatch)
+    path = tmp_path / "cells.jsonl"
+    kw = dict(grid=np.asarray([[0.1, 0.8]]), half=0.3, kind="pseudo_jaffe", progress=False)
+    kw.update(refine=0, polish=0, smooth_starts=0, start_grid=0, checkpoint=path)
+    scan = subhalo_scan(objective, smooth, LC, subhalo_samples=64, **kw)
+    assert scan.failed == 0 and len(calls) == 2  # the smooth model, the cell
+    (first, _), (cell, ev) = calls
+    assert "block" not in first
+    sub = f"mass.components[{len(scan.fits[0].mass.components) - 1}]."
+    assert cell["block"] == (sub + "u", sub + "v", sub + "log10_mass")
+    assert cell["block_samples"] == 64
+    assert math.isfinite(ev.block_correction) and ev.effective_samples > 1
+    assert scan.log_evidence[0] == ev.log_evidence
+    header = json.loads(path.read_text().splitlines()[0])["header"]
+    assert header["subhalo_samples"] == 64
+    with pytest.raises(ValueError, match="another subhalo_samples"):
+        subhalo_scan(objective, smooth, LC, **kw)  # (the default: 0)
+    for bad in (1, -2):
+        with pytest.raises(ValueError, match="subhalo_samples"):
+            subhalo_scan(objective, smooth, LC, subhalo_samples=bad, **kw)
+    for bad in (2.5, True):  # (the type check refuses them first where it is on)
+        with pytest.raises((ValueError, TypeError), match="subhalo_samples"):
+            subhalo_scan(objective, smooth, LC, subhalo_samples=bad, **kw)  # pyright: ignore[reportArgumentType]

@@ -26,7 +26,7 @@ floored there and counted.
 """
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import equinox as eqx
@@ -38,6 +38,7 @@ from jaxtyping import PyTree
 
 from ..objective import Objective, Parametrisation
 from ..objective._params import Bounds, Where
+from ._block import BLOCK_SAMPLES, block_integral
 from ._covariance import smoothed_value_hessian
 from ._importance import importance_evidence
 from ._parametrise import parametrisation
@@ -71,8 +72,11 @@ class LaplaceEvidence(eqx.Module):
     in the unconstrained coordinates, ordered as `names`: a `scale` for `equilens.fit` of
     a like model); `log_evidence_error`, `effective_samples` (with
     `smoothing="importance"`: the estimate's standard error and the effective number of
-    weighted points, Kish's; NaN otherwise); `backend` (which evaluated the smoothed
-    values: "numba" or "jax"; "jax" without smoothing).
+    weighted points, Kish's; with `block`, those of the block's importance sampling; NaN
+    otherwise); `backend` (which evaluated the smoothed values: "numba" or "jax"; "jax"
+    without smoothing); `block_correction` (with `block`: the log of the block's integral
+    on the slice through the mode over its Gaussian's, `_block.block_integral`, added to
+    `log_evidence`; NaN without).
     """
 
     log_evidence: float
@@ -89,6 +93,7 @@ class LaplaceEvidence(eqx.Module):
     log_evidence_error: float = math.nan
     effective_samples: float = math.nan
     backend: str = "jax"
+    block_correction: float = math.nan
 
 
 def _log_norm(param: Parametrisation, model: PyTree[Any]) -> float:
@@ -139,6 +144,33 @@ def _start_errors(start: Mapping[str, float] | None, names: tuple[str, ...]) -> 
     return out
 
 
+def _block_indices(
+    param: Parametrisation, model: Any, block: Sequence[str] | None, smoothing: str
+) -> list[int]:
+    """The indices (into the free parameters' names) of `laplace_evidence`'s `block`,
+    checked: free, each with a two-sided finite bound, and the smoothing the differences."""
+    if not block:
+        return []
+    if smoothing != "differences":
+        raise ValueError("laplace_evidence: block needs smoothing='differences'")
+    names = param.paths(model)
+    each: list[Bounds | None] = []
+    for value, b in zip(param.values(model), _free_bounds(param), strict=True):
+        each += [b] * int(np.size(value))
+    out = []
+    for n in block:
+        if n not in names:
+            raise ValueError(f"laplace_evidence: block names {n!r}, not a free parameter")
+        i = names.index(n)
+        b = each[i]
+        if b is None or not (math.isfinite(b[0]) and math.isfinite(b[1])):
+            raise ValueError(
+                f"laplace_evidence: block's {n!r} needs a two-sided finite bound (its prior)"
+            )
+        out.append(i)
+    return out
+
+
 def _jacobian(param: Parametrisation, model: Any, unravel, z) -> np.ndarray:
     """`d theta / d z` at `z` (diagonal: the maps are elementwise)."""
     return np.asarray(
@@ -158,6 +190,8 @@ def laplace_evidence(
     smoothing: Literal["differences", "importance"] = "differences",
     backend: Literal["auto", "numba", "jax"] = "auto",
     smoothing_start: Mapping[str, float] | None = None,
+    block: Sequence[str] | None = None,
+    block_samples: int = BLOCK_SAMPLES,
 ) -> LaplaceEvidence:
     """The log-evidence of `objective` (a negative log posterior up to the priors of the
     bounds: a likelihood, or `LogEvidence`'s source-marginalised one) integrated over the
@@ -197,6 +231,16 @@ def laplace_evidence(
     it does not name (2 gradients each); names of no free parameter are ignored. A
     subhalo scan's cells start from the smooth model's errors (docs/subhalo.md).
 
+    `block` (parameter names, each with a two-sided bound; with `smoothing="differences"`):
+    parameters the data may leave flat or bound on one side only (a subhalo's position
+    and mass). Their part of the integral is corrected by importance sampling of the
+    integrand on the slice through the mode along them (`block_samples` points, half from
+    their Laplace Gaussian, half from their prior; `_block.block_integral`): the log of
+    that integral over the Gaussian's is added to the evidence (`block_correction`). A
+    Gaussian block is left as it is (to the sampling's error, `log_evidence_error`); a
+    flat one gets its prior's mass instead of an Occam penalty from a curvature that is
+    the objective's roughness (docs/subhalo.md).
+
     A comparison of two models (e.g. a subhalo against none) by the difference of their
     log-evidences is meaningful for the parameters both share only when they share the
     bounds. Raises `ValueError` when the objective is not finite at `model`."""
@@ -211,6 +255,11 @@ def laplace_evidence(
     param = parametrisation(objective, model, free, bounds)
     if param.n_free == 0:
         raise ValueError("laplace_evidence: no free parameters")
+    in_block = _block_indices(param, model, block, smoothing)
+    if in_block and not (isinstance(block_samples, int) and block_samples >= 2):
+        raise ValueError(
+            f"laplace_evidence: block_samples must be an integer >= 2, got {block_samples!r}"
+        )
     norm = jnp.asarray(_log_norm(param, model))
     raw = param.to_raw(model)
     z, unravel = ravel_pytree(raw)
@@ -289,6 +338,14 @@ def laplace_evidence(
     w = np.maximum(w, floor)
     k = w.shape[0]
     log_e = -f + 0.5 * k * math.log(2.0 * math.pi) - 0.5 * float(np.sum(np.log(w)))
+    corrected = None
+    if in_block:
+        # (the Hessian the approximation integrated: its eigenvalues' magnitudes, floored)
+        at = values or _batch_values(objective, param, model, unravel, norm, backend)[0]
+        corrected = block_integral(
+            at, np.asarray(z, np.float64), (v * w[None, :]) @ v.T, in_block, block_samples
+        )
+        log_e += corrected.log_ratio
     raw_end = unravel(z)
     best = param.to_model(raw_end, model)
     jac = _jacobian(param, model, unravel, z)
@@ -307,4 +364,7 @@ def laplace_evidence(
         smoothing_steps=steps_used,
         raw_errors=np.sqrt(np.diagonal(cov_z)),
         backend=used,
+        log_evidence_error=math.nan if corrected is None else corrected.error,
+        effective_samples=math.nan if corrected is None else corrected.effective,
+        block_correction=math.nan if corrected is None else corrected.log_ratio,
     )

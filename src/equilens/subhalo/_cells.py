@@ -424,7 +424,9 @@ def _read_checkpoint(path: Any, header: dict[str, Any]) -> list[dict[str, Any]] 
     # (and without "preconditioned", before the cell fits were: not preconditioned; without
     # "second_start", before the start grid's best was a second start: it replaced the
     # default start; without "fit_plateau", before the scan's fits had one: none; without
-    # "smoothing_start", before the later evidences started from the smooth model's errors)
+    # "smoothing_start", before the later evidences started from the smooth model's errors;
+    # without "subhalo_samples", before the cells' evidences were corrected along the
+    # subhalo)
     old = {
         "start_grid": 0,
         "start_masses": [],
@@ -432,10 +434,12 @@ def _read_checkpoint(path: Any, header: dict[str, Any]) -> list[dict[str, Any]] 
         "second_start": False,
         "fit_plateau": None,
         "smoothing_start": None,
+        "subhalo_samples": 0,
         **lines[0]["header"],
     }
     keys = ("format", "kind", "mass_range", "centres", "start_grid", "start_masses")
-    for key in (*keys, "preconditioned", "second_start", "fit_plateau", "smoothing_start"):
+    later = ("preconditioned", "second_start", "fit_plateau", "smoothing_start", "subhalo_samples")
+    for key in (*keys, *later):
         if old.get(key) != header[key]:
             name = {"fit_plateau": "fit_tolerance", "smoothing_start": "evidence"}.get(key, key)
             raise ValueError(
