@@ -42,7 +42,7 @@ from equilens.objective import Objective  # noqa: E402
 from equilens.solve._block import BLOCK_SAMPLES  # noqa: E402
 from equilens.solve._laplace import laplace_evidence  # noqa: E402
 from equilens.solve._nested import nested_sample  # noqa: E402
-from equilens.subhalo._nested import _values  # noqa: E402
+from equilens.subhalo._nested import shared_intervals  # noqa: E402
 from equilens.terms import LogEvidence  # noqa: E402
 
 
@@ -132,25 +132,14 @@ def block(objective, scan, smooth_ev, cells):
 def nested(objective, scan, cells):
     smooth = S._as_sum(scan.smooth)
     free, _ = S.scan_free(objective, smooth, None, None)
-    evidence = functools.partial(laplace_evidence, smoothed=True)
     # (label, cell index or None, model, free, bounds)
     models = [("smooth", None, smooth, free, None)]
     for i in cells:
         model, f, b, _ = cell_parts(objective, scan, i)
         models.append((f"cell {i}", i, model, f, b))
-    intervals: dict[str, tuple[float, float]] = {}
-    for _, i, model, f, b in models:
-        ev = evidence(objective, model, free=f, bounds=b)
-        values = _values(objective, ev.model, f, b)
-        sd = np.sqrt(np.maximum(np.diagonal(ev.covariance), 0.0))
-        sub = f"mass.components[{len(model.mass.components) - 1}]." if i is not None else None
-        for name, v, s in zip(ev.names, values, sd, strict=True):
-            if sub is not None and name.startswith(sub):
-                continue  # (the subhalo's own priors: its cell and mass range)
-            lo, hi = v - 10 * s, v + 10 * s
-            if name in intervals:
-                lo, hi = min(lo, intervals[name][0]), max(hi, intervals[name][1])
-            intervals[name] = (lo, hi)
+    # (every cell's subhalo is the mass's last component, of the same index)
+    sub = f"mass.components[{len(models[-1][2].mass.components) - 1}]."
+    intervals = shared_intervals(objective, [m[2:] for m in models], 10.0, sub)
     run = functools.partial(
         nested_sample,
         objective,

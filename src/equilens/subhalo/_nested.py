@@ -129,20 +129,10 @@ def subhalo_evidence(
     sub_bounds = {**(bounds or {}), _SubhaloField(n_comp - 1, "log10_mass"): scan.mass_range}
 
     # the shared parameters' intervals: both fits' values +- box_width Laplace errors
-    smoothed = any(isinstance(t, LogEvidence) for t in objective.terms)
-    evidence = functools.partial(laplace_evidence, smoothed=smoothed)
-    intervals: dict[str, tuple[float, float]] = {}
-    for m, f, b in ((smooth, free, bounds), (model, sub_free, sub_bounds)):
-        ev = evidence(objective, m, free=f, bounds=b)
-        values = _values(objective, ev.model, f, b)
-        sd = np.sqrt(np.maximum(np.diagonal(ev.covariance), 0.0))
-        for name, v, s in zip(ev.names, values, sd, strict=True):
-            lo, hi = v - box_width * s, v + box_width * s
-            if name in intervals:
-                lo, hi = min(lo, intervals[name][0]), max(hi, intervals[name][1])
-            intervals[name] = (lo, hi)
     prefix = f"mass.components[{n_comp - 1}]."
-    shared = {k: v for k, v in intervals.items() if not k.startswith(prefix)}
+    shared = shared_intervals(
+        objective, [(smooth, free, bounds), (model, sub_free, sub_bounds)], box_width, prefix
+    )
     run = functools.partial(
         nested_sample,
         objective,
@@ -184,6 +174,27 @@ def subhalo_evidence(
         with_subhalo=post_sub,
         wall_time=time.perf_counter() - t0,
     )
+
+
+def shared_intervals(
+    objective: Objective, models: list[tuple[Any, Any, Any]], box_width: float, prefix: str
+) -> dict[str, tuple[float, float]]:
+    """The prior intervals of the parameters `models` (`(model, free, bounds)` each) share
+    outside the subhalo's (names starting with `prefix`): the union over the models of
+    each fit's value +- `box_width` of its Laplace error (`subhalo_evidence`'s priors)."""
+    smoothed = any(isinstance(t, LogEvidence) for t in objective.terms)
+    evidence = functools.partial(laplace_evidence, smoothed=smoothed)
+    intervals: dict[str, tuple[float, float]] = {}
+    for m, f, b in models:
+        ev = evidence(objective, m, free=f, bounds=b)
+        values = _values(objective, ev.model, f, b)
+        sd = np.sqrt(np.maximum(np.diagonal(ev.covariance), 0.0))
+        for name, v, s in zip(ev.names, values, sd, strict=True):
+            lo, hi = v - box_width * s, v + box_width * s
+            if name in intervals:
+                lo, hi = min(lo, intervals[name][0]), max(hi, intervals[name][1])
+            intervals[name] = (lo, hi)
+    return {k: v for k, v in intervals.items() if not k.startswith(prefix)}
 
 
 def _values(objective: Objective, model: Any, free: Any, bounds: Any) -> np.ndarray:
