@@ -34,7 +34,6 @@ from typing import NamedTuple
 
 import numpy as np
 from jaxtyping import Float
-from scipy.special import logsumexp
 
 #: The points of a block's importance sampling (`block_integral`).
 BLOCK_SAMPLES = 256
@@ -107,7 +106,7 @@ def block_integral(
         raise ValueError("block_integral: the objective is not finite at the mode")
     with np.errstate(invalid="ignore"):
         log_w = np.where(np.isfinite(f[1:]), -(f[1:] - f0) - log_q, -np.inf)
-    log_i = float(logsumexp(log_w)) - math.log(samples)
+    log_i = float(np.logaddexp.reduce(log_w)) - math.log(samples)
     top = float(np.max(log_w))
     wt = np.exp(log_w - top)
     mean = float(np.mean(wt))
