@@ -86,6 +86,57 @@ def test_a_block_bounded_on_one_side_gets_the_priors_mass_below_the_bound():
     assert out.log_ratio == pytest.approx(exact, abs=max(3 * out.error, 0.05))
 
 
+def test_a_block_coupled_to_the_others_is_integrated_along_their_conditional_mode():
+    """A parameter `a` tied to the block's `b` (`a = c b` to an error of 0.05, as a
+    subhalo's mass is traded against the host's Einstein radius), `b` flat under its
+    logistic prior, and a Hessian whose `b` curvature a roughness inflated by 1e3: the
+    profile over `a` is the prior along `b`, so the integral over the Gaussian of the
+    marginal curvature is `4 sqrt(1e3 / 2 pi)` (the logistic's density 1/4 at the mode).
+    The others held at the mode see only a narrow slice of the valley."""
+    c, s = 1.0, 0.05
+
+    def f(p):
+        p = np.atleast_2d(p)
+        return 0.5 * ((p[:, 0] - c * p[:, 1]) / s) ** 2 + _prior_f(p, [1])
+
+    hess = np.array([[1 / s**2, -c / s**2], [-c / s**2, c**2 / s**2 + 1e3]])
+    exact = math.log(4.0) - 0.5 * math.log(2 * math.pi / 1e3)
+    out = block_integral(f, np.zeros(2), hess, [1])
+    assert out.log_ratio == pytest.approx(exact, abs=max(3 * out.error, 0.02))
+    held = block_integral(f, np.zeros(2), hess, [1], follow=False)
+    assert held.log_ratio < exact - 2.0  # (the slice: 0.6 against 3.9)
+
+
+def test_a_response_linear_in_the_blocks_size_is_followed_from_an_anchor():
+    """`a` responds to the block `b` as a macro model to a subhalo's mass, `a = c e^b`
+    (linear in the mass, `b` its log), to an error of 0.05; the data exclude `b > 0.5`
+    (`F` rising by 50 a unit past it), and the Hessian's `b` curvature is a roughness's.
+    The profile over `a` is the prior below the wall: its integral by quadrature. The
+    conditional mode (linear in `b`) and the anchor `a = 0` (where the subhalo is too light
+    to matter) each miss most of the valley; the line from the anchor through the mode,
+    as far as `e^b` over its value at the mode, is the valley."""
+    c, s = 1.0, 0.05
+
+    def wall(b):
+        return np.where(b > 0.5, 50.0 * (b - 0.5), 0.0)
+
+    def f(p):
+        p = np.atleast_2d(p)
+        return 0.5 * ((p[:, 0] - c * np.exp(p[:, 1])) / s) ** 2 + _prior_f(p, [1]) + wall(p[:, 1])
+
+    hess = np.array([[1 / s**2, -c / s**2], [-c / s**2, c**2 / s**2 + 1e3]])
+    mass = quad(lambda b: math.exp(float(_log_logistic(b) - wall(b))), -40, 40, points=[0.5])[0]
+    exact = math.log(4.0 * mass) - 0.5 * math.log(2 * math.pi / 1e3)
+    z, anchor = np.array([c, 0.0]), np.array([0.0, 0.0])
+    path = block_integral(
+        f, z, hess, [1], samples=1024, anchors=[anchor], response=lambda b: np.exp(b[:, 0])
+    )
+    assert path.log_ratio == pytest.approx(exact, abs=max(3 * path.error, 0.1))
+    # (the premise: without the line, a lower bound well below it)
+    fixed = block_integral(f, z, hess, [1], samples=1024, anchors=[anchor])
+    assert fixed.log_ratio < exact - 0.8
+
+
 def test_block_integral_refuses_what_it_cannot_integrate():
     z, hess = np.zeros(2), np.eye(2)
     with pytest.raises(ValueError, match="positive definite"):
@@ -111,6 +162,58 @@ class _FlatRipple(el.terms.AbstractTerm):
 
     def __call__(self, model):
         return 200.0 * model.a**2 - _R * jnp.cos(_K * model.b)
+
+
+class _Valley(el.terms.AbstractTerm):
+    """`_FlatRipple` with `a` tied to `b` along a valley straight in the fit's coordinates
+    (`a = logit(b) / 2`, to an error of 0.05)."""
+
+    def __call__(self, model):
+        logit = jnp.log(model.b) - jnp.log1p(-model.b)
+        return 200.0 * (model.a - 0.5 * logit) ** 2 - _R * jnp.cos(_K * model.b)
+
+
+@pytest.mark.x64_only
+def test_the_laplace_evidence_of_a_rough_block_coupled_to_an_other_parameter():
+    """`laplace_evidence(block=["b"])` where `a` follows `b` along a valley: the integral
+    over `a` is the same at every `b`, so the evidence is `_FlatRipple`'s, to 0.05."""
+    objective = el.Objective(_Valley())
+    point = _Pair(jnp.asarray(0.0), jnp.asarray(0.5))
+    bounds = {lambda m: m.b: (0.0, 1.0)}
+    exact = 0.5 * math.log(math.pi / 200.0) + math.log(i0(_R))
+    plain = laplace_evidence(objective, point, bounds=bounds, smoothed=True)
+    assert plain.log_evidence < exact - 2.0  # the premise
+    ev = laplace_evidence(objective, point, bounds=bounds, smoothed=True, block=["b"])
+    assert ev.log_evidence == pytest.approx(exact, abs=0.05)
+    assert ev.log_evidence_error < 0.1
+    # anchored at `a = 0` (no better than the valley itself) and on the line from it,
+    # `b`'s response 1 throughout: the same integral
+    anchor = _Pair(jnp.asarray(0.0), jnp.asarray(0.5))
+    lined = laplace_evidence(
+        objective,
+        point,
+        bounds=bounds,
+        smoothed=True,
+        block=["b"],
+        block_anchors=[anchor],
+        block_response=lambda b: np.ones(len(b)),
+    )
+    assert lined.log_evidence == pytest.approx(exact, abs=0.05)
+    with pytest.raises(ValueError, match="needs block_anchors"):
+        laplace_evidence(
+            objective, point, bounds=bounds, block=["b"], block_response=lambda b: b[:, 0]
+        )
+    with pytest.raises(ValueError, match="need a block"):
+        laplace_evidence(objective, point, bounds=bounds, block_anchors=[anchor])
+    with pytest.raises(ValueError, match="at the mode"):
+        laplace_evidence(
+            objective,
+            point,
+            bounds=bounds,
+            block=["b"],
+            block_anchors=[anchor],
+            block_response=lambda b: np.zeros(len(b)),
+        )
 
 
 @pytest.mark.x64_only

@@ -6,8 +6,10 @@ From a finished `equilens demo --subhalo` (its folder holds `subhalo_smooth.pkl`
 `subhalo_cells.jsonl`), the scan is resumed from its cells (no fit is run again), then
 
 - with `--block`: each cell's evidence again with the subhalo's block corrected by
-  importance sampling (`laplace_evidence(block=...)`, 256 points), beside the scan's
-  Laplace value (which the uncorrected part reproduces);
+  importance sampling (`laplace_evidence(block=...)`, 256 points, the macro model tried
+  on the line from the smooth model's through the cell's fit too, as
+  `subhalo_scan(subhalo_samples=256)` does), beside the scan's Laplace value (which the
+  uncorrected part reproduces);
 - with `--nested`: nested sampling (nautilus) of the smooth model once and of each cell,
   under the same priors (`subhalo_evidence`'s: the subhalo's over its cell and mass range,
   each shared parameter uniform over the union of every model's value +- 10 Laplace
@@ -25,6 +27,7 @@ import pickle
 import tempfile
 import time
 
+import equinox as eqx
 import jax
 
 jax.config.update("jax_enable_x64", True)
@@ -105,6 +108,12 @@ def block(objective, scan, smooth_ev, cells):
     for i in cells:
         model, free, bounds, k = cell_parts(objective, scan, i)
         names = tuple(f"mass.components[{k}].{c}" for c in ("u", "v", "log10_mass"))
+        # (the smooth model's macro model with the cell's subhalo: the line's far end)
+        anchor = eqx.tree_at(
+            lambda t: t.mass.components,
+            model,
+            (*S._as_sum(scan.smooth).mass.components, model.mass.components[k]),
+        )
         ev = laplace_evidence(
             objective,
             model,
@@ -115,6 +124,8 @@ def block(objective, scan, smooth_ev, cells):
             smoothing_rounds=S.SMOOTHING_ROUNDS,
             block=names,
             block_samples=BLOCK_SAMPLES,
+            block_anchors=(anchor,),
+            block_response=S._subhalo_mass,
         )
         s0 = smooth_ev.log_evidence
         print(

@@ -75,7 +75,7 @@ class LaplaceEvidence(eqx.Module):
     weighted points, Kish's; with `block`, those of the block's importance sampling; NaN
     otherwise); `backend` (which evaluated the smoothed values: "numba" or "jax"; "jax"
     without smoothing); `block_correction` (with `block`: the log of the block's integral
-    on the slice through the mode over its Gaussian's, `_block.block_integral`, added to
+    along it over its Gaussian's, `_block.block_integral`, added to
     `log_evidence`; NaN without).
     """
 
@@ -146,18 +146,19 @@ def _start_errors(start: Mapping[str, float] | None, names: tuple[str, ...]) -> 
 
 def _block_indices(
     param: Parametrisation, model: Any, block: Sequence[str] | None, smoothing: str
-) -> list[int]:
-    """The indices (into the free parameters' names) of `laplace_evidence`'s `block`,
-    checked: free, each with a two-sided finite bound, and the smoothing the differences."""
+) -> tuple[list[int], list[Bounds]]:
+    """The indices (into the free parameters' names) of `laplace_evidence`'s `block` and
+    their bounds, checked: free, each with a two-sided finite bound, and the smoothing the
+    differences."""
     if not block:
-        return []
+        return [], []
     if smoothing != "differences":
         raise ValueError("laplace_evidence: block needs smoothing='differences'")
     names = param.paths(model)
     each: list[Bounds | None] = []
     for value, b in zip(param.values(model), _free_bounds(param), strict=True):
         each += [b] * int(np.size(value))
-    out = []
+    out, bounds = [], []
     for n in block:
         if n not in names:
             raise ValueError(f"laplace_evidence: block names {n!r}, not a free parameter")
@@ -168,7 +169,26 @@ def _block_indices(
                 f"laplace_evidence: block's {n!r} needs a two-sided finite bound (its prior)"
             )
         out.append(i)
-    return out
+        bounds.append(b)
+    return out, bounds
+
+
+def _block_response(
+    size: Callable[[np.ndarray], np.ndarray], bounds: list[Bounds], z_block: np.ndarray
+) -> Callable[[np.ndarray], np.ndarray]:
+    """`block_integral`'s `response` from `laplace_evidence`'s `block_response`: `size`
+    of the block's values (rows; from its unconstrained coordinates through the bounds'
+    sigmoid) over its size at the mode `z_block`."""
+    lo = np.array([b[0] for b in bounds], np.float64)
+    hi = np.array([b[1] for b in bounds], np.float64)
+
+    def values(zb: np.ndarray) -> np.ndarray:
+        return lo + (hi - lo) / (1.0 + np.exp(-np.asarray(zb, np.float64)))
+
+    at_mode = float(np.asarray(size(values(z_block[None, :])), np.float64).reshape(-1)[0])
+    if not (math.isfinite(at_mode) and at_mode != 0.0):
+        raise ValueError(f"laplace_evidence: block_response is {at_mode} at the mode")
+    return lambda zb: np.asarray(size(values(zb)), np.float64) / at_mode
 
 
 def _jacobian(param: Parametrisation, model: Any, unravel, z) -> np.ndarray:
@@ -192,6 +212,8 @@ def laplace_evidence(
     smoothing_start: Mapping[str, float] | None = None,
     block: Sequence[str] | None = None,
     block_samples: int = BLOCK_SAMPLES,
+    block_anchors: Sequence[PyTree[Any]] = (),
+    block_response: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> LaplaceEvidence:
     """The log-evidence of `objective` (a negative log posterior up to the priors of the
     bounds: a likelihood, or `LogEvidence`'s source-marginalised one) integrated over the
@@ -234,9 +256,17 @@ def laplace_evidence(
     `block` (parameter names, each with a two-sided bound; with `smoothing="differences"`):
     parameters the data may leave flat or bound on one side only (a subhalo's position
     and mass). Their part of the integral is corrected by importance sampling of the
-    integrand on the slice through the mode along them (`block_samples` points, half from
-    their Laplace Gaussian, half from their prior; `_block.block_integral`): the log of
-    that integral over the Gaussian's is added to the evidence (`block_correction`). A
+    integrand along them (`block_samples` points, half from their Laplace Gaussian, half
+    from their prior; at each, the other parameters at the better of the mode and the
+    Gaussian's conditional mode, which follows the couplings of the mode's curvature,
+    and of the models `block_anchors` (models like `model`; a subhalo's cell: the
+    smooth model, where a light subhalo leaves it), or with `block_response` on the line
+    from each anchor through the mode, `anchor + r (mode - anchor)`, `r` the response's
+    size at the block's values (an array of rows, in `block`'s order, to one size a row)
+    over its size at the mode (a subhalo: `10 ** log10_mass`, as the macro model's
+    response to a light one is linear in its mass): one value a point for each place;
+    `_block.block_integral`): the log of that integral over the Gaussian's is added to
+    the evidence (`block_correction`). A
     Gaussian block is left as it is (to the sampling's error, `log_evidence_error`); a
     flat one gets its prior's mass instead of an Occam penalty from a curvature that is
     the objective's roughness (docs/subhalo.md).
@@ -255,7 +285,11 @@ def laplace_evidence(
     param = parametrisation(objective, model, free, bounds)
     if param.n_free == 0:
         raise ValueError("laplace_evidence: no free parameters")
-    in_block = _block_indices(param, model, block, smoothing)
+    in_block, block_bounds = _block_indices(param, model, block, smoothing)
+    if (block_anchors or block_response is not None) and not in_block:
+        raise ValueError("laplace_evidence: block_anchors and block_response need a block")
+    if block_response is not None and not block_anchors:
+        raise ValueError("laplace_evidence: block_response needs block_anchors (its lines' ends)")
     if in_block and not (isinstance(block_samples, int) and block_samples >= 2):
         raise ValueError(
             f"laplace_evidence: block_samples must be an integer >= 2, got {block_samples!r}"
@@ -342,8 +376,19 @@ def laplace_evidence(
     if in_block:
         # (the Hessian the approximation integrated: its eigenvalues' magnitudes, floored)
         at = values or _batch_values(objective, param, model, unravel, norm, backend)[0]
+        zz = np.asarray(z, np.float64)
+        anchors = [np.asarray(ravel_pytree(param.to_raw(a))[0]) for a in block_anchors]
+        response = None
+        if block_response is not None:
+            response = _block_response(block_response, block_bounds, zz[in_block])
         corrected = block_integral(
-            at, np.asarray(z, np.float64), (v * w[None, :]) @ v.T, in_block, block_samples
+            at,
+            zz,
+            (v * w[None, :]) @ v.T,
+            in_block,
+            block_samples,
+            anchors=anchors,
+            response=response,
         )
         log_e += corrected.log_ratio
     raw_end = unravel(z)

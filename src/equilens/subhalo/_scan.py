@@ -134,6 +134,12 @@ def _free_with_subhalo(
     return jtu.tree_unflatten(jtu.tree_structure(model), leaves)
 
 
+def _subhalo_mass(block: np.ndarray) -> np.ndarray:
+    """A subhalo's mass (Msun) from its block's values (`u`, `v`, `log10_mass` rows): the
+    size of the macro model's response to it (`laplace_evidence(block_response=...)`)."""
+    return 10.0 ** np.asarray(block)[:, 2]
+
+
 def subhalo_scan(
     objective: Objective,
     smooth: LensSystem | FitResult,
@@ -231,10 +237,13 @@ def subhalo_scan(
       leaves them flat, or its mass bounded from above only, where the Laplace
       approximation's Gaussian (its curvature the objective's roughness) charges an
       Occam penalty of several for nothing (a Jackpot cell: -8.2 against nested
-      sampling's +0.2). The slice holds the macro model where the cell's fit has it, so
-      a subhalo coupled to it (at the lens's centre, traded against the Einstein
-      radius) is corrected only in part (that cell: -4.7); docs/subhalo.md. Default 0:
-      the Laplace approximation alone; `BLOCK_SAMPLES` (256) is the measured setting.
+      sampling's +0.2). At each point the macro model is tried where the cell's fit has
+      it, at the Laplace Gaussian's conditional mode, and on the line from the smooth
+      model's through the fit's, as far along it as the subhalo's mass is of the fit's
+      (the macro model's response to a light subhalo; that cell: -1.1), the best taken;
+      three values a point. A mode the cell's fit missed stays missed; docs/subhalo.md.
+      Default 0: the Laplace approximation alone; `BLOCK_SAMPLES` (256) is the measured
+      setting.
     - `refit_smooth`: first fit the smooth model again with this objective, `solver`,
       `free`, `bounds` and `max_steps`, as the cells are fitted (default True: `smooth`
       may come from a fit with other terms, a positions guard, or another stopping
@@ -380,7 +389,9 @@ def subhalo_scan(
             evidence, smoothing_start=start, smoothing_rounds=SMOOTHING_ROUNDS
         )
     # the cells' evidences (not the smooth model's): the subhalo's block corrected by
-    # importance sampling along it
+    # importance sampling along it, the macro model tried on the line from the smooth
+    # model's (where the subhalo is too light to matter, its maximum) through the cell's
+    # fit, as far along it as the subhalo's mass is of the fit's
     cell_evidence = evidence
     if subhalo_samples:
         prefix = f"mass.components[{n_comp - 1}]."
@@ -388,6 +399,8 @@ def subhalo_scan(
             evidence,
             block=tuple(prefix + c for c in ("u", "v", "log10_mass")),
             block_samples=subhalo_samples,
+            block_anchors=(template,),
+            block_response=_subhalo_mass,
         )
 
     header = {
