@@ -17,6 +17,11 @@ From a finished `equilens demo --subhalo` (its folder holds `subhalo_smooth.pkl`
   2 cores).
 
     python validation/subhalo_weak_cells.py DEMO_DIR CELL [CELL ...] [--block] [--nested]
+
+or, with `--suite`, of an image of the subhalo suite (`validation/subhalo_suite.py`; its
+prefix, e.g. `subhalo_out/lens00_null`): its data, mask and scan's files as the suite
+wrote them, each cell's Delta log E also against the scan's final smooth model (the best
+of its smooth refits, what the suite's rows report).
 """
 
 import argparse
@@ -32,8 +37,10 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
+from subhalo_suite import PIXEL_SCALE  # noqa: E402
 
 import equilens.subhalo._scan as S  # noqa: E402
+from equilens.cli._data import _load  # noqa: E402
 from equilens.cli._demo import (  # noqa: E402
     JACKPOT_Z_LENS,
     JACKPOT_Z_SOURCE,
@@ -49,15 +56,43 @@ from equilens.subhalo._nested import shared_intervals  # noqa: E402
 from equilens.terms import LogEvidence  # noqa: E402
 
 
-def resumed_scan(folder: str):
-    """The demo's objective and its scan's coarse cells, resumed from its checkpoint, with
-    the smooth model's Laplace evidence (as the scan took it)."""
-    with open(os.path.join(folder, "subhalo_smooth.pkl"), "rb") as f:
+def suite_imaging(prefix: str):
+    """The data of a subhalo suite's image (`prefix`: `.../lensNN_injected` or `_null`),
+    masked as `validation/subhalo_suite.py` had `equilens subhalo` mask them."""
+    folder, name = os.path.split(prefix)
+    lens = name.split("_")[0]
+    with open(os.path.join(folder, f"{lens}_truth.json")) as f:
+        radius = json.load(f)["mask_radius"]
+    return _load(
+        f"{prefix}_image.fits",
+        f"{prefix}_noise.fits",
+        os.path.join(folder, f"{lens}_psf.fits"),
+        PIXEL_SCALE,
+        None,
+        radius,
+        1,
+    )
+
+
+def resumed_scan(folder: str, suite: bool = False):
+    """The demo's (or with `suite`, a suite image's) objective and its scan's coarse cells,
+    resumed from its checkpoint, with the smooth model's Laplace evidence (as the scan took
+    it) and the log-evidence of the scan's final smooth model (None for the demo)."""
+    if suite:
+        files = (f"{folder}_smooth.pkl", f"{folder}_cells.jsonl")
+        with open(f"{folder}.json") as f:
+            final = json.load(f)["smooth_log_evidence"]
+        imaging = suite_imaging(folder)
+    else:
+        names = ("subhalo_smooth.pkl", "subhalo_cells.jsonl")
+        files = tuple(os.path.join(folder, n) for n in names)
+        final, imaging = None, demo_imaging(SUBHALO_MASK_RADIUS)
+    with open(files[0], "rb") as f:
         payload = pickle.load(f)
     smooth, adapt = payload["smooth"], payload["adapt_image"]
-    objective = Objective(LogEvidence(demo_imaging(SUBHALO_MASK_RADIUS), adapt_image=adapt))
+    objective = Objective(LogEvidence(imaging, adapt_image=adapt))
     checkpoint = os.path.join(tempfile.mkdtemp(), "cells.jsonl")
-    with open(os.path.join(folder, "subhalo_cells.jsonl")) as f, open(checkpoint, "w") as g:
+    with open(files[1]) as f, open(checkpoint, "w") as g:
         for line in f:
             record = json.loads(line)
             if "header" in record or "cell" in record:
@@ -86,7 +121,7 @@ def resumed_scan(folder: str):
         )
     finally:
         S.laplace_evidence = real
-    return objective, scan, kept["smooth"]
+    return objective, scan, kept["smooth"], final
 
 
 def cell_parts(objective, scan, i):
@@ -99,11 +134,12 @@ def cell_parts(objective, scan, i):
     return model, sub_free, {S._SubhaloField(n - 1, "log10_mass"): scan.mass_range}, n - 1
 
 
-def block(objective, scan, smooth_ev, cells):
+def block(objective, scan, smooth_ev, cells, final=None):
     start = dict(zip(smooth_ev.names, np.asarray(smooth_ev.raw_errors).tolist(), strict=True))
     print(
         "cell, centre, Laplace (the scan's), Laplace (again), corrected, its error, "
         "effective points"
+        + ("; Laplace and corrected against the final smooth model" if final else "")
     )
     for i in cells:
         model, free, bounds, k = cell_parts(objective, scan, i)
@@ -136,6 +172,14 @@ def block(objective, scan, smooth_ev, cells):
             round(ev.log_evidence - s0, 2),
             round(ev.log_evidence_error, 3),
             round(ev.effective_samples, 1),
+            *(
+                ()
+                if final is None
+                else (
+                    round(scan.log_evidence[i] - final, 2),
+                    round(ev.log_evidence - final, 2),
+                )
+            ),
             flush=True,
         )
 
@@ -191,10 +235,11 @@ def main(argv=None):
     parser.add_argument("cells", type=int, nargs="+")
     parser.add_argument("--block", action="store_true")
     parser.add_argument("--nested", action="store_true")
+    parser.add_argument("--suite", action="store_true", help="FOLDER is a suite image's prefix")
     args = parser.parse_args(argv)
-    objective, scan, smooth_ev = resumed_scan(args.folder)
+    objective, scan, smooth_ev, final = resumed_scan(args.folder, args.suite)
     if args.block:
-        block(objective, scan, smooth_ev, args.cells)
+        block(objective, scan, smooth_ev, args.cells, final)
     if args.nested:
         nested(objective, scan, args.cells)
     return 0
