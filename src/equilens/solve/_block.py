@@ -85,8 +85,8 @@ def block_integral(
 ) -> BlockIntegral:
     """The integral of `exp(-(F - F(z)))` over the parameters `block` (indices into `z`,
     each with a two-sided bound: its prior is the logistic density in `z`), the others
-    at the better of the mode and the Gaussian's conditional mode (`follow=False`: at the
-    mode, the slice through it), over the integral of the block's Gaussian of `hess`
+    at the best of the mode, the Gaussian's conditional mode (not with `follow=False`)
+    and the `anchors` below, over the integral of the block's Gaussian of `hess`
     (positive definite; its marginal curvature, or with `follow=False` its block), module
     docstring. `values` gives `F` at the rows of an array of points (`inf` where it cannot
     be evaluated). `samples` points of the block, `GAUSSIAN_SHARE` of them from that
@@ -143,13 +143,13 @@ def block_integral(
         moved = held.copy()
         moved[:, others] += d @ gain.T
         tried.append(moved)
+    t = None if response is None else np.asarray(response(at), np.float64).reshape(samples, 1)
     for a in anchors:
         a = np.asarray(a, np.float64)
         if a.shape != z.shape:
             raise ValueError(f"block_integral: an anchor has shape {a.shape}, not {z.shape}")
         there = np.tile(a, (samples, 1))
-        if response is not None:
-            t = np.asarray(response(at), np.float64).reshape(samples, 1)
+        if t is not None:
             there += t * (z - a)[None, :]
         there[:, idx] = at
         tried.append(there)
