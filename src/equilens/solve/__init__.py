@@ -40,10 +40,12 @@ from ._nested import (
     nested_sample as nested_sample,
 )
 from ._pipeline import (
+    arc_center as arc_center,
     auto_positions as auto_positions,
     fit_lens as fit_lens,
     fit_multiband as fit_multiband,
     lens_bounds as lens_bounds,
+    mass_anchor as mass_anchor,
 )
 from ._pixelized import (
     POWER_LAW_GAIN as POWER_LAW_GAIN,

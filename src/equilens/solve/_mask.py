@@ -13,7 +13,7 @@ from ..data import Imaging
 from ..objective import Objective
 from ..terms import GaussianLikelihood
 from ._fit import fit
-from ._pipeline import _image, _positions_term, lens_bounds
+from ._pipeline import _image, _positions_term, lens_bounds, mass_anchor
 from ._residuals import ARC_DETECTION, matched_filter, with_arc_check
 from ._result import FitResult
 from ._rivals import with_earlier_rivals
@@ -136,6 +136,7 @@ def fit_to_arcs(
     mask = _on_region(region, imaging)
     # the bounds `result` was fitted within (those of the mask as given): its start holds
     radius = light_moments(imaging).mask_radius
+    anchor = mass_anchor(imaging, result.model)
     rounds: list[MaskGrowth] = []
     r = result
     for _ in range(GROW_ROUNDS):
@@ -153,7 +154,7 @@ def fit_to_arcs(
             Objective(terms),
             r.model,
             solver,
-            bounds=lens_bounds(r.model, radius),
+            bounds=lens_bounds(r.model, radius, *anchor),
             max_steps=max_steps,
             throw=False,
             progress=progress,

@@ -30,6 +30,7 @@ from ._residuals import with_arc_check, with_band_arc_checks
 from ._result import RESULTS, FitResult
 from ._rivals import with_rival_minima
 from ._search import (
+    ArcPlacement,
     _code,
     _source_at,
     arc_placement,
@@ -51,21 +52,29 @@ SOURCE_SIZE_BOUND = 0.5
 
 #: How far (arcsec, in x and in y) a mass centre may lie from the lens light's centre.
 MASS_CENTER_RANGE = 0.2
+#: How far (arcsec, in x and in y) a mass centre may lie from the centre of the arcs' ring
+#: (`arc_center`) when the model has no lens light to place it: the ring's centre is off
+#: the lens's by up to 0.23" on the subhalo suite's lenses (arcs brighter on one side).
+ARC_CENTER_RANGE = 0.5
 #: The largest external shear component (`gamma1`, `gamma2`) `fit_lens` fits.
 SHEAR_BOUND = 0.25
 
 
 def lens_bounds(
-    model: LensSystem, mask_radius: float, center: tuple[float, float] | None = None
+    model: LensSystem,
+    mask_radius: float,
+    center: tuple[float, float] | None = None,
+    center_range: float = MASS_CENTER_RANGE,
 ) -> dict[Any, tuple[float, float]]:
     """The physical bounds `fit_lens` fits within: the Einstein radius of the first mass
     component within `THETA_E_BOUNDS` x `mask_radius`; every mass centre within
-    +-`MASS_CENTER_RANGE` (arcsec) of `center` (x, y in arcsec), by default the centre of
-    `model`'s lens light (its first component's, when it has one: the mass of a galaxy
-    lies where its light is, and a fit that moves it further away has found a minimum of
-    the arcs alone; a range that would leave out the model's own mass centre, one that
-    ended at the bound of a range around a light centre that has moved since, is widened
-    to hold it, so that a fit can start there); every
+    +-`center_range` (arcsec; default `MASS_CENTER_RANGE`) of `center` (x, y in arcsec),
+    by default the centre of `model`'s lens light (its first component's, when it has
+    one: the mass of a galaxy lies where its light is, and a fit that moves it further
+    away has found a minimum of the arcs alone; without a lens light, `mass_anchor` gives
+    the centre of the arcs' ring and `ARC_CENTER_RANGE`; a range that would leave out the
+    model's own mass centre, one that ended at the bound of a range around a light centre
+    that has moved since, is widened to hold it, so that a fit can start there); every
     `ExternalShear`'s `gamma1`, `gamma2` within +-`SHEAR_BOUND`; and every parametric
     source component's size below `SOURCE_SIZE_BOUND` x `mask_radius` (a source that runs
     off to a huge, diffuse blob then ends at a bound). A fit that ends at any of these
@@ -82,7 +91,7 @@ def lens_bounds(
             for name in ("gamma1", "gamma2"):
                 out[lambda s, at=at, n=name: getattr(at(s), n)] = (-SHEAR_BOUND, SHEAR_BOUND)
         elif light is not None and has_field(c, "center_x") and has_field(c, "center_y"):
-            r = MASS_CENTER_RANGE
+            r = float(center_range)
             for name, v in zip(("center_x", "center_y"), light, strict=True):
                 now = float(getattr(c, name))
                 lo, hi = min(v - r, now - 0.05 * r), max(v + r, now + 0.05 * r)
@@ -173,7 +182,10 @@ def fit_lens(
     linearly and constrained to be positive (`GaussianLikelihood(nonnegative=True)`);
     `lens_bounds` keeps the Einstein radius inside the data, the source compact, the
     mass centred within `MASS_CENTER_RANGE` of the stage-1 lens light's centre (where
-    stages 2 and 3 start it) and the shear within `SHEAR_BOUND`. A result at a bound or
+    stages 2 and 3 start it; with `lens_light=None`, within `ARC_CENTER_RANGE` of the
+    centre of the arcs' ring, `arc_center`, where they start it: without it the mass
+    centre was free, and on a clumpy source the search's minima put it up to 2" off)
+    and the shear within `SHEAR_BOUND`. A result at a bound or
     otherwise implausible has the status `RESULTS.implausible` with the reasons in
     `notes`. `positions` (an `(n, 2)` array of `x, y` in arcsec, n >= 2) are the observed
     positions of the multiple images of one source point: they add a `PositionsTerm`
@@ -214,12 +226,22 @@ def fit_lens(
         model = r.model
         if on_stage is not None:
             on_stage("lens light", r)
-    model = _mass_at_light(model)
-    center = _light_center(model)  # the mass centre's range is around the fitted light's
-    bounds = lens_bounds(model, radius, center)
     placement = arc_placement(imaging, model) if _source_at(model) is not None else None
     if placement is not None:
         say(f"  arcs: {placement.x.size} pixels above 3 sigma place the source of each start")
+    # the mass centre's range: around the fitted light's centre, or without a lens light
+    # around the arcs' ring's; the mass starts there
+    center, center_range = mass_anchor(imaging, model, placement)
+    if center is not None:
+        model = _mass_at(model, center)
+        if _light_center(model) is None:
+            say(
+                f"  no lens light: the mass centre within {center_range:g}\" of the arcs' "
+                f"ring's centre ({center[0]:+.3f}, {center[1]:+.3f})\""
+            )
+    elif model.lens_light is None:
+        say("  no lens light, and no ring in the arcs: the mass centre is free")
+    bounds = lens_bounds(model, radius, center, center_range)
     space = lens_search_space(
         model,
         theta_E=(THETA_E_SEARCH[0] * radius, THETA_E_SEARCH[1] * radius),
@@ -362,7 +384,7 @@ def _with_second_source(
                 objective,
                 model,
                 solver,
-                bounds=lens_bounds(model, radius),
+                bounds=lens_bounds(model, radius, *mass_anchor(imaging, model)),
                 max_steps=max_steps,
                 throw=False,
                 progress=progress,
@@ -464,7 +486,8 @@ def fit_multiband(
     if positions is not None:
         terms.append(_positions_term(positions, positions_sigma, ref.pixel_scale))
     radius = light_moments(ref).mask_radius
-    bounds = {(lambda s, w=where: w(s.band(0))): b for where, b in lens_bounds(m, radius).items()}
+    ref_bounds = lens_bounds(m, radius, *mass_anchor(ref, m))
+    bounds = {(lambda s, w=where: w(s.band(0))): b for where, b in ref_bounds.items()}
     r = fit(
         Objective(terms),
         start,
@@ -488,8 +511,12 @@ def _mass_at_light(model: LensSystem) -> LensSystem:
     """`model` with every mass centre moved to its lens light's (`_light_center`;
     unchanged without one): where `lens_bounds` centres the mass centre's range."""
     light = _light_center(model)
-    if light is None:
-        return model
+    return model if light is None else _mass_at(model, light)
+
+
+def _mass_at(model: LensSystem, center: tuple[float, float]) -> LensSystem:
+    """`model` with every mass centre (every mass component with one but an external
+    shear's) moved to `center` (x, y in arcsec)."""
     masses = model.mass.components if isinstance(model.mass, MassSum) else (model.mass,)
     for i, c in enumerate(masses):
         if isinstance(c, ExternalShear) or not (
@@ -500,9 +527,52 @@ def _mass_at_light(model: LensSystem) -> LensSystem:
         model = eqx.tree_at(
             lambda s, at=at: (at(s).center_x, at(s).center_y),
             model,
-            tuple(jnp.asarray(v, dtype=jnp.asarray(c.center_x).dtype) for v in light),  # pyright: ignore[reportAttributeAccessIssue]
+            tuple(jnp.asarray(v, dtype=jnp.asarray(c.center_x).dtype) for v in center),  # pyright: ignore[reportAttributeAccessIssue]
         )
     return model
+
+
+def arc_center(placement: ArcPlacement, mask_radius: float) -> tuple[float, float] | None:
+    """The centre (x, y in arcsec) of the circle fitted to the arc pixels of `placement`
+    (weighted least squares of `x^2 + y^2 = 2 a x + 2 b y + c` over the pixels, each by its
+    signal-to-noise weight: Kasa's fit): the lensed light of a source lies around the
+    Einstein ring, so the ring's centre places a lens whose own light is absent (a
+    lens-light-subtracted image) or too faint to fit. On the subhalo suite's simulated
+    lenses it lies 0.02-0.23" from the lens centre, where the data's light centroid
+    (`light_moments`) lies up to 1.3" off (arcs brighter on one side pull it). None when
+    the circle is not defined: fewer than three pixels, a singular fit, or a radius beyond
+    `mask_radius` (arcs too short or straight to show a ring)."""
+    x, y, w = (np.asarray(a, np.float64) for a in (placement.x, placement.y, placement.weight))
+    if x.size < 3 or not np.all(np.isfinite(w)) or not w.sum() > 0:
+        return None
+    sw = np.sqrt(w)
+    design = np.stack([x, y, np.ones_like(x)], axis=1) * sw[:, None]
+    solution, _, rank, _ = np.linalg.lstsq(design, (x * x + y * y) * sw, rcond=None)
+    if rank < 3 or not np.all(np.isfinite(solution)):
+        return None
+    cx, cy = 0.5 * float(solution[0]), 0.5 * float(solution[1])
+    r2 = float(solution[2]) + cx * cx + cy * cy
+    if not 0 < r2 <= float(mask_radius) ** 2:
+        return None
+    return cx, cy
+
+
+def mass_anchor(
+    imaging: Imaging, model: LensSystem, placement: ArcPlacement | None = None
+) -> tuple[tuple[float, float] | None, float]:
+    """Where `lens_bounds` centres the mass centre's range, and that range (arcsec): the
+    lens light's centre and `MASS_CENTER_RANGE` when `model` has a lens light with a
+    centre; else the centre of the arcs' ring (`arc_center` of `placement`, default
+    `arc_placement(imaging, model)`) and `ARC_CENTER_RANGE`; else None (the mass centre
+    free: no ring to place it)."""
+    light = _light_center(model)
+    if light is not None:
+        return light, MASS_CENTER_RANGE
+    if placement is None and _source_at(model) is not None:
+        placement = arc_placement(imaging, model)
+    if placement is None:
+        return None, ARC_CENTER_RANGE
+    return arc_center(placement, light_moments(imaging).mask_radius), ARC_CENTER_RANGE
 
 
 def _light_center(model: LensSystem) -> tuple[float, float] | None:
