@@ -200,9 +200,9 @@ def test_search_rejects_bad_arguments(objective):
 def test_lens_bounds_hold_the_mass_at_its_light_and_the_shear_small():
     """`lens_bounds`: the Einstein radius and the source size by the mask radius, every mass
     centre within +-MASS_CENTER_RANGE of the lens light's centre (none without a lens
-    light), the shear within +-SHEAR_BOUND; `_mass_at_light` moves the mass centre to the
+    light), the shear within +-SHEAR_BOUND; `_mass_at` moves the mass centre to the
     light's, so the bounds hold the start."""
-    from equilens.solve._pipeline import SHEAR_BOUND, _mass_at_light
+    from equilens.solve._pipeline import SHEAR_BOUND, _light_center, _mass_at
 
     lit = el.LensSystem(
         mass=mass.SIE(theta_E=1.0, center_x=0.3) + mass.ExternalShear(0.0, 0.0),
@@ -217,7 +217,7 @@ def test_lens_bounds_hold_the_mass_at_its_light_and_the_shear_small():
     assert by_value[0.2] == pytest.approx((0.0, 1.0))  # source R_sersic
     assert list(bounds.values()).count((-SHEAR_BOUND, SHEAR_BOUND)) == 2
     assert len(bounds) == 6  # theta_E, centre x and y, gamma1 and gamma2, R_sersic
-    moved = _mass_at_light(lit)
+    moved = _mass_at(lit, _light_center(lit))  # (fit_lens's start: mass_anchor)
     centre = moved.mass.components[0]  # pyright: ignore[reportAttributeAccessIssue]
     assert (float(centre.center_x), float(centre.center_y)) == pytest.approx((0.1, -0.2))
     for where, (lo, hi) in el.solve.lens_bounds(moved, 2.0).items():
@@ -228,7 +228,7 @@ def test_lens_bounds_hold_the_mass_at_its_light_and_the_shear_small():
     assert {float(w(lit)): b for w, b in there.items()}[0.3] == pytest.approx((-r, 0.3 + 0.05 * r))
     dark = el.LensSystem(mass=mass.SIE(theta_E=1.0), source=light.Sersic(1.0, 0.2, 1.0))
     assert len(el.solve.lens_bounds(dark, 2.0)) == 2  # no light: the mass centre is free
-    assert _mass_at_light(dark) is dark
+    assert _light_center(dark) is None  # (mass_anchor then turns to the arcs' ring)
     # unless a centre is given (`mass_anchor`'s: the arcs' ring), with its own range
     off = el.LensSystem(
         mass=mass.SIE(theta_E=1.0, center_x=0.05, center_y=-0.02),

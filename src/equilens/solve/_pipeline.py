@@ -507,16 +507,10 @@ def fit_multiband(
     return r
 
 
-def _mass_at_light(model: LensSystem) -> LensSystem:
-    """`model` with every mass centre moved to its lens light's (`_light_center`;
-    unchanged without one): where `lens_bounds` centres the mass centre's range."""
-    light = _light_center(model)
-    return model if light is None else _mass_at(model, light)
-
-
 def _mass_at(model: LensSystem, center: tuple[float, float]) -> LensSystem:
     """`model` with every mass centre (every mass component with one but an external
-    shear's) moved to `center` (x, y in arcsec)."""
+    shear's) moved to `center` (x, y in arcsec): where `lens_bounds` centres the mass
+    centre's range (`mass_anchor`)."""
     masses = model.mass.components if isinstance(model.mass, MassSum) else (model.mass,)
     for i, c in enumerate(masses):
         if isinstance(c, ExternalShear) or not (
