@@ -459,7 +459,7 @@ def test_fit_lens_with_positions_recovers_the_einstein_radius():
     )
     pos = el.lensing.image_positions(truth.mass, 0.04, -0.03, el.Grid((160, 160), 0.02))
     assert len(pos) >= 2
-    stages = {}
+    stages, minima = {}, []
     result = el.solve.fit_lens(
         data,
         "sie+shear",
@@ -470,8 +470,14 @@ def test_fit_lens_with_positions_recovers_the_einstein_radius():
         n_refine=4,
         log=None,
         on_stage=stages.__setitem__,
+        on_minima=minima.extend,
     )
     assert result.success, result.message()
+    # the search's refined minima, the lowest objective first, the chosen one among them
+    values = [float(m.value) for m in minima]
+    assert len(values) >= 2 and np.all(np.isfinite(values))
+    assert values == sorted(values)
+    assert float(stages["search"].value) in values
     # the search's objective is the same likelihood and positions on pixel centres
     searched, final = stages["search"], stages["all free"]
     positions = el.PositionsTerm(pos[:, 0], pos[:, 1], data.pixel_scale)

@@ -61,6 +61,7 @@ def run_fit(
     )
     # a progress bar per fit when a person is watching (stderr is a terminal)
     progress = sys.stderr.isatty()
+    minima: list = []
     result = parametric_fit(
         fit_lens,
         imaging,
@@ -74,6 +75,7 @@ def run_fit(
         positions_sigma=positions_sigma,
         progress=progress,
         partial=partial,
+        minima=minima if source == "pixelized" else None,
     )
     extra = dict(extra or {})
     if region is not None:
@@ -118,6 +120,7 @@ def run_fit(
             positions,
             progress,
             power_law,
+            alternatives=minima,
         )
         # rival minima of the parametric fit stay named: the chain explored one of them
         result = with_earlier_rivals(result, parametric, "parametric fit")

@@ -284,6 +284,7 @@ def _fit_one(
     from ..solve._pixelized import _evidence_fit
     from ..terms import GaussianLikelihood, LogEvidence
 
+    minima: list = []
     result = parametric_fit(
         fit_lens,
         imaging,
@@ -297,6 +298,7 @@ def _fit_one(
         positions_sigma=positions_sigma,
         progress=progress,
         partial=partial,
+        minima=minima if pix_mesh is not None else None,
     )
     if pix_mesh is None:
         terms: list = [GaussianLikelihood(imaging, nonnegative=True)]
@@ -316,6 +318,7 @@ def _fit_one(
         positions,
         progress,
         power_law,
+        alternatives=minima,
     )
     # the sampled parameters: the mass, the source marginalised by the evidence (and the
     # images held together as in the fit); the regularization held as fitted, with the

@@ -136,18 +136,47 @@ def _pixelized_stage(
     power_law=False,
     finer_meshes=0,
     covariance=True,
+    alternatives=(),
 ) -> tuple[Any, Any, list, Any]:
     """`fit_pixelized` from a parametric fit (its mass and lens light, the lens light held),
     as `equilens fit --source pixelized` runs it: the regularization's strength fitted
     unless `strength` is given, the images of one source point held together (the given
     `positions`, or the images of the parametric source's centre), the power-law stage
     when `power_law`, up to `finer_meshes` finer source meshes kept where the evidence
-    rises, the errors unless `covariance` is False (`fit_pixelized`). Returns the result,
-    the inversion, the stage records and the held positions (or None)."""
-    from ..solve import auto_positions, fit_pixelized, pixelized_model
+    rises, the errors unless `covariance` is False (`fit_pixelized`). `alternatives`:
+    other parametric minima (`FitResult`s: the search's, `parametric_fit`'s `minima`); the
+    chain then starts from the mass and lens light of the one of these with the highest
+    log evidence (`rank_starts`) where it is more than `START_GAIN` above the parametric
+    fit's, and the held positions are that model's. Returns the result, the inversion,
+    the stage records and the held positions (or None)."""
+    import numpy as np
 
-    held = positions if positions is not None else auto_positions(imaging, parametric.model)
-    start = pixelized_model(parametric.model, mesh, regularization)
+    from ..solve import START_GAIN, auto_positions, fit_pixelized, pixelized_model, rank_starts
+
+    model = parametric.model
+    if alternatives:
+        models = [model, *(a.model for a in alternatives)]
+        log_ev = rank_starts(
+            imaging,
+            [pixelized_model(m, mesh, regularization) for m in models],
+            fit_strength=strength is None,
+        )
+        if np.isfinite(log_ev).any():
+            k = int(np.nanargmax(log_ev))
+            ranked = ", ".join(f"{v:.1f}" for v in log_ev[1:])
+            print(
+                f"  chain start by the log evidence: the parametric fit's model "
+                f"{log_ev[0]:.1f}; the search's minima (lowest chi2 first) {ranked}"
+            )
+            gain = log_ev[k] - log_ev[0] if np.isfinite(log_ev[0]) else np.inf
+            if k > 0 and gain > START_GAIN:
+                print(
+                    f"    (the chain starts from the search's minimum {k}: "
+                    f"{'+inf' if not np.isfinite(gain) else f'{gain:+.1f}'} over the fit's)"
+                )
+                model = models[k]
+    held = positions if positions is not None else auto_positions(imaging, model)
+    start = pixelized_model(model, mesh, regularization)
     # the evidence is not least squares: lm -> the pipeline's default minimiser
     result, inversion, stages = fit_pixelized(
         imaging,

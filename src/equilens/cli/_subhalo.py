@@ -283,6 +283,7 @@ def _smooth_fit(
     from ..solve import fit_lens
 
     pixelized = pix_mesh is not None
+    minima: list = []
     smooth = parametric_fit(
         fit_lens,
         imaging,
@@ -296,6 +297,7 @@ def _smooth_fit(
         positions_sigma=None,
         progress=progress,
         partial=partial,
+        minima=minima,
     )
     if not pixelized:
         return smooth, None
@@ -312,6 +314,7 @@ def _smooth_fit(
         finer_meshes=finer_meshes,
         # (the scan's Laplace evidence of the smooth model gives its errors: `smooth_errors`)
         covariance=False,
+        alternatives=minima,
     )
     return smooth, inversion.adapt_image
 

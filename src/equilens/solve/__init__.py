@@ -14,6 +14,11 @@ from ._batch import (
     pick as pick,
     sample_starts as sample_starts,
 )
+from ._chain_start import (
+    START_GAIN as START_GAIN,
+    pixelized_model as pixelized_model,
+    rank_starts as rank_starts,
+)
 from ._covariance import (
     with_conditional_covariance as with_conditional_covariance,
     with_smoothed_covariance as with_smoothed_covariance,
@@ -53,7 +58,6 @@ from ._pixelized import (
     fit_multiband_pixelized as fit_multiband_pixelized,
     fit_pixelized as fit_pixelized,
     newton_start as newton_start,
-    pixelized_model as pixelized_model,
     refit_lens_light as refit_lens_light,
     threshold_term as threshold_term,
 )

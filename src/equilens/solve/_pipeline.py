@@ -148,6 +148,7 @@ def fit_lens(
     on_stage: Callable[[str, FitResult], None] | None = None,
     search_supersampling: int | None = None,
     second_source: bool = True,
+    on_minima: Callable[[list[FitResult]], None] | None = None,
 ) -> FitResult:
     """Fits a lens model to `imaging` from a generic start, in three stages (the usual
     pipeline of the field, e.g. PyAutoLens's SLaM):
@@ -193,8 +194,13 @@ def fit_lens(
     model that does not map them to one source point is penalised in the search too.
     `on_stage(name, result)`, if given, is called with each stage's `FitResult` as it
     ends (`"lens light"`, `"search"`, `"all free"`, `"second source"` when stage 4 ran):
-    what a caller keeps when the run is interrupted. Returns the last kept stage's
-    `FitResult` (wall time of all stages).
+    what a caller keeps when the run is interrupted. `on_minima(results)`, if given, is
+    called once with the search's refined minima of a finite objective (stage 2's ends,
+    the lowest objective first; the chosen one among them): other macro models for a
+    caller that ranks them by another measure, as the `equilens` command's pixelized
+    chain does by its evidence (`rank_starts`: a parametric source too simple for a
+    clumpy galaxy can prefer a wrong mass). Returns the last kept stage's `FitResult`
+    (wall time of all stages).
     """
     t0 = time.perf_counter()
     say = log or (lambda _: None)
@@ -268,6 +274,11 @@ def fit_lens(
     )
     if on_stage is not None:
         on_stage("search", found.best)
+    n_found = int(np.size(found.refined.value))
+    if on_minima is not None:
+        values = np.asarray(found.refined.value, dtype=float).reshape(-1)
+        order = [int(i) for i in np.argsort(values) if np.isfinite(values[i])]
+        on_minima([pick(found.refined, i) for i in order])
     r = fit(
         objective,
         found.best.model,
@@ -277,7 +288,6 @@ def fit_lens(
         throw=False,
         progress=progress,
     )
-    n_found = int(np.size(found.refined.value))
     others = [pick(found.refined, i) for i in range(n_found) if i != found.best_index]
     r, _ = with_rival_minima(
         objective,

@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float
 
-from .._checks import default_bounds
 from .._lens_system import LensSystem
 from .._multiband import MultiBandLensSystem
 from ..data import Imaging, MultiBandImaging
@@ -28,6 +27,13 @@ from ..source import (
     PixelizedSource,
 )
 from ..terms import GaussianLikelihood, LogEvidence, MultiBandTerm, PositionsThreshold
+from ._chain_start import (
+    COEFFICIENT_GRID,
+    _held_light,
+    _strength_start,
+    _strength_where,
+    _value,
+)
 from ._covariance import with_conditional_covariance, with_smoothed_covariance
 from ._fit import fit
 from ._parametrise import parametrisation
@@ -71,25 +77,6 @@ def threshold_term(
 #: posterior width: about 3 for a slope known to +-0.03 within a prior of width 1), since
 #: the evidence marginalises the source, not the mass.
 POWER_LAW_GAIN = 5.0
-
-#: Regularization strengths tried before the evidence fit picks one (`fit_pixelized`).
-COEFFICIENT_GRID = tuple(10.0**k for k in range(-9, 3))
-
-
-def pixelized_model(
-    model: LensSystem,
-    mesh: AbstractMesh,
-    regularization: AbstractRegularization,
-) -> LensSystem:
-    """`model` with its source replaced by `PixelizedSource(mesh, regularization)`."""
-    return eqx.tree_at(lambda s: s.source, model, PixelizedSource(mesh, regularization))
-
-
-def _strength_where(system: LensSystem) -> Callable[[LensSystem], Any]:
-    assert isinstance(system.source, PixelizedSource)
-    bounded = default_bounds(type(system.source.regularization))
-    names = [n for n in bounded if n.endswith("coefficient")]
-    return lambda s: tuple(getattr(s.source.regularization, n) for n in names)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _evidence_fit(
@@ -289,9 +276,8 @@ def fit_pixelized(
         raise ValueError(f"light_rounds must be >= 0, got {light_rounds}")
     if finer_meshes < 0:
         raise ValueError(f"finer_meshes must be >= 0, got {finer_meshes}")
-    if lens_light == "fixed" and model.lens_light is not None:
-        if not isinstance(model.lens_light, FixedLight):
-            model = eqx.tree_at(lambda s: s.lens_light, model, FixedLight(model.lens_light))
+    if lens_light == "fixed":
+        model = _held_light(model)
     if solver is None:
         delaunay = isinstance(model.source.mesh, DelaunayMesh)  # pyright: ignore[reportAttributeAccessIssue]
         solver = "adam" if delaunay else "bfgs"
@@ -339,14 +325,8 @@ def fit_pixelized(
 
     objective = Objective([term, *guard])
     if fit_strength:
-        where = _strength_where(model)
-        scores = []
-        for c in COEFFICIENT_GRID:
-            trial = eqx.tree_at(where, model, replace_fn=lambda _, c=c: jnp.asarray(c, dtype))
-            scores.append(float(_value(term, trial)))
-        best = COEFFICIENT_GRID[int(np.nanargmin(scores))]
-        model = eqx.tree_at(where, model, replace_fn=lambda _: jnp.asarray(best, dtype))
-        say(f"  regularization start {best:g} (log evidence {-min(scores):.1f})")
+        model, best, log_ev = _strength_start(term, model, dtype)
+        say(f"  regularization start {best:g} (log evidence {log_ev:.1f})")
         regularization = select(model, lambda s: s.source.regularization)  # pyright: ignore[reportAttributeAccessIssue]
         r = run(objective, model, regularization)
         record("stage 1 (regularization)", r)
@@ -487,12 +467,6 @@ def newton_start(objective: Objective, model: Any, free: Any) -> tuple[Any, floa
         if np.isfinite(v_k) and v_k < best_value:
             best, best_value = trial, v_k
     return best, start_value - best_value
-
-
-@eqx.filter_jit
-def _value(objective: Any, model: Any) -> Any:
-    """`objective(model)`, compiled once for every call with the same structure."""
-    return objective(model)
 
 
 @eqx.filter_jit
