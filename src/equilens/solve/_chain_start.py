@@ -92,7 +92,7 @@ def rank_starts(
     likelihood. A parametric source too simple for a real, clumpy galaxy (`fit_lens` then
     reports arcs left in its residuals) ranks mass models by how well they bend the arcs
     to its shape: on the subhalo suite's lens 2 (no lens light, a Hubble Deep Field
-    galaxy as the source) the search's best minimum had an axis ratio of 0.1 and a slope
+    galaxy as the source) the search's best minimum had an axis ratio of 0.2 and a slope
     of 2.8 and the chain from it stayed there, 1,017 in log evidence below the true mass
     refitted; the search's fourth minimum, 405 worse in chi2 / 2, was 1,355 higher in log
     evidence than the chosen one (docs/fitting.md)."""
