@@ -36,9 +36,10 @@ MAX_STEPS_STATUS = "successful (the fit reached max_steps; evidence from where i
 #: The checkpoint's format version (a file of another version is not resumed from).
 CHECKPOINT_FORMAT = 1
 #: What the log and the progress bar call the fits of each kind of checkpoint record:
-#: the cells, the refinement's sub-cells, the best cell's polishing fit (`_polish.py`).
-NAMES = {"cell": "cell", "sub": "sub-cell", "polish": "polished cell"}
-BARS = {"cell": "subhalo scan", "sub": "refinement", "polish": "polish"}
+#: the cells, the refinement's sub-cells, the best cell's polishing fit (`_polish.py`), the
+#: best cells' held-mass fits (`_held.py`).
+NAMES = {"cell": "cell", "sub": "sub-cell", "polish": "polished cell", "held": "held-mass fit"}
+BARS = {"cell": "subhalo scan", "sub": "refinement", "polish": "polish", "held": "held mass"}
 
 
 class CellSetup(NamedTuple):
@@ -127,16 +128,19 @@ def _run_cells(
     progress: bool,
     say: Callable[..., None],
     pool: np.ndarray | None = None,
+    task: Callable[..., CellRecord] | None = None,
 ) -> tuple[np.ndarray, list[str], list[Any], list[dict[str, float]]]:
     """Fits the cells `centres` (of half-width `half`, the subhalo started at `starts`: rows
     `(u, v, log10_mass)` a cell, NaN rows none, `_cell_task`) not in `done` (the
     checkpoint's records, by index); each finished cell written to `checkpoint` under `key`
     ("cell", "sub" for the refinement's sub-cells, "polish" for the polishing fit) as it
     finishes; with a start grid's `pool` (Dask only: `_seed.cell_starts(in_tasks=True)`), each task
-    scores its cell's grid itself. Returns each cell's log-evidence, status, fitted model
-    and subhalo errors."""
+    scores its cell's grid itself. `task`: what fits a cell (default `_cell_task`; "held",
+    the held-mass fits' `_held.held_task`, with its signature; never vectorised). Returns
+    each cell's log-evidence, status, fitted model and subhalo errors."""
     if pool is not None and client is None:
         raise ValueError("a start grid's pool is scored in the cells' tasks on Dask only")
+    task = task or _cell_task
     template = setup.template
     dtype = template.mass.components[-1].log10_mass.dtype
     n = centres.shape[0]
@@ -156,11 +160,11 @@ def _run_cells(
     todo = [i for i in range(n) if i not in done]
     bar = _bar(len(todo), progress, BARS[key])
     if client is not None:
-        finished = _on_dask(client, setup, centres, starts, todo, pool)
-    elif todo and batch_route(route, mesh) == "vmap":
+        finished = _on_dask(client, setup, centres, starts, todo, pool, task)
+    elif todo and task is _cell_task and batch_route(route, mesh) == "vmap":
         finished = _vmapped(setup, centres, starts, todo, mesh)
     else:
-        finished = ((i, _cell_task(setup, centres[i], starts[i])) for i in todo)
+        finished = ((i, task(setup, centres[i], starts[i])) for i in todo)
     for i, rec in finished:
         log_e[i], status[i], fits[i], errors[i] = rec
         values = None if rec[2] is None else np.asarray(ravel_pytree(param.values(rec[2]))[0])
@@ -277,9 +281,10 @@ def _on_dask(
     starts: np.ndarray,
     todo: list[int],
     pool: np.ndarray | None = None,
+    task: Callable[..., CellRecord] | None = None,
 ):
-    """`(cell, record)` of the cells `todo` as Dask's workers finish them (each task
-    scoring its cell's start grid `pool` first, where given). The shared set-up
+    """`(cell, record)` of the cells `todo` as Dask's workers finish them (`task`, default
+    `_cell_task`, each scoring its cell's start grid `pool` first, where given). The shared set-up
     is sent to every worker once (`scatter(broadcast=True)`): each worker's tasks get the
     same objects, whose static parts (the `where` functions, the parametrisation) then
     match the programs the worker compiled for its first cell: one compilation per
@@ -301,7 +306,7 @@ def _on_dask(
     run = uuid.uuid4().hex
     futures = {
         client.submit(
-            _cell_task, shared, centres[i], starts[i], pool, key=f"subhalo-cell-{i}-{run}"
+            task or _cell_task, shared, centres[i], starts[i], pool, key=f"subhalo-cell-{i}-{run}"
         ): i
         for i in todo
     }
@@ -426,7 +431,7 @@ def _read_checkpoint(path: Any, header: dict[str, Any]) -> list[dict[str, Any]] 
     # default start; without "fit_plateau", before the scan's fits had one: none; without
     # "smoothing_start", before the later evidences started from the smooth model's errors;
     # without "subhalo_samples", before the cells' evidences were corrected along the
-    # subhalo)
+    # subhalo; without "held", before the best cells' held-mass fits)
     old = {
         "start_grid": 0,
         "start_masses": [],
@@ -435,13 +440,25 @@ def _read_checkpoint(path: Any, header: dict[str, Any]) -> list[dict[str, Any]] 
         "fit_plateau": None,
         "smoothing_start": None,
         "subhalo_samples": 0,
+        "held": None,
         **lines[0]["header"],
     }
     keys = ("format", "kind", "mass_range", "centres", "start_grid", "start_masses")
-    later = ("preconditioned", "second_start", "fit_plateau", "smoothing_start", "subhalo_samples")
+    later = (
+        "preconditioned",
+        "second_start",
+        "fit_plateau",
+        "smoothing_start",
+        "subhalo_samples",
+        "held",
+    )
     for key in (*keys, *later):
         if old.get(key) != header[key]:
-            name = {"fit_plateau": "fit_tolerance", "smoothing_start": "evidence"}.get(key, key)
+            name = {
+                "fit_plateau": "fit_tolerance",
+                "smoothing_start": "evidence",
+                "held": "held_cells or held_log10_mass",
+            }.get(key, key)
             raise ValueError(
                 f"{path} holds a scan with another {name}: remove it or pass another checkpoint"
             )

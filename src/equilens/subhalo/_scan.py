@@ -51,6 +51,7 @@ from ._cells import (
     fit_plateau,
 )
 from ._grid import grid_cells, tile
+from ._held import HELD_CELLS, HELD_LOG10_MASS, check_held, held_fits
 from ._polish import POLISH_GRID, cell_template, check_polish, polished
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
 from ._result import SubhaloScan, _summary
@@ -162,6 +163,8 @@ def subhalo_scan(
     smoothed: bool | None = None,
     refit_smooth: bool = True,
     smooth_starts: int = 3,
+    held_cells: int = HELD_CELLS,
+    held_log10_mass: float = HELD_LOG10_MASS,
     refine: int = 2,
     polish: int = POLISH_GRID,
     subhalo_samples: int = 0,
@@ -259,6 +262,16 @@ def subhalo_scan(
       then against the first smooth fit). With a `client` the refits run side by side on
       its workers; each is written to `checkpoint` as it finishes, and a resumed scan
       does not run it again.
+    - `held_cells`, `held_log10_mass`: after the cells, the `held_cells` cells of the
+      highest log-evidence are fitted once more from their centres, first with the
+      subhalo's mass held at `held_log10_mass` (log10 Msun, inside `mass_range`) while the
+      macro model and the subhalo's position are fitted, then with everything free; a cell
+      keeps the better of its fits (`equilens.subhalo._held`): a heavy subhalo whose mass
+      the smooth fit took up in its macro model (a steeper slope) is a mode a fit started
+      beside the smooth model does not reach, as it lowers the subhalo's mass sooner than it
+      moves the macro model (the suite's lens 2: +11.5 from every start of the truth's
+      cell, +131 from the held-mass fit; docs/validation.md). Default 3 and 9.5; 0 cells:
+      none.
     - `refine`: the best cell is then tiled by `refine` x `refine` sub-cells (half-width
       `half / refine`), each fitted as a cell from the best cell's fit (the sub-cell
       holding its subhalo from its position): a cell's fit can stop in a local minimum
@@ -314,6 +327,7 @@ def subhalo_scan(
             f"refine must be 0 (none) or an integer >= 2 sub-cells a side, got {refine!r}"
         )
     check_polish(polish)
+    check_held(held_cells, held_log10_mass, (lo, hi))
     smooth = _as_sum(smooth)
     if host_theta_E is None:
         host_theta_E = float(getattr(smooth.mass.components[0], "theta_E", 1.0))  # pyright: ignore[reportAttributeAccessIssue]
@@ -423,6 +437,9 @@ def subhalo_scan(
         # (the cells' evidences corrected along the subhalo by this many points; 0: not,
         # as before 2026-12-06's session 65)
         "subhalo_samples": int(subhalo_samples),
+        # (the held-mass fits' cells and mass, `held_fits`; None: none, as before
+        # 2026-12-07's session 70)
+        "held": [int(held_cells), float(held_log10_mass)] if held_cells else None,
     }
     records = _read_checkpoint(checkpoint, header)
     if checkpoint is not None and records is None:
@@ -465,6 +482,10 @@ def subhalo_scan(
     seed = functools.partial(cell_starts, quiet=setup.quiet, say=say, in_tasks=pool is not None)
     starts = seed(cell_objective, template, centres, candidates, first, done=done)
     cells = run(setup, centres, half, starts, done, "cell", pool=pool)
+    if held_cells:
+        cells = held_fits(
+            cells, setup, centres, half, run, held_cells, held_log10_mass, records, say
+        )
     scan = _summary(centres, half, cells, smooth_ev, kind, cosmology, (lo, hi), len(done))
     best = scan.fits[scan.best_index]
     refit_args = (solver, free, bounds, max_steps, evidence, plateau)
