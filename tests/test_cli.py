@@ -920,6 +920,7 @@ def _subhalo_args(paths, *extra):
         (("--refine", "1"), "--refine must be 0 (none) or between 2 and"),
         (("--start-grid", "-1"), "--start-grid must be between 0 and"),
         (("--polish", "1"), "--polish must be 0 (none) or between 2 and"),
+        (("--held-cells", "-1"), "--held-cells must be between 0 and"),
         (("--smooth-starts", "-2"), "--smooth-starts must be between 0 and"),
         (("--finer-meshes", "-1"), "--finer-meshes must be between 0 and"),
         (("--fit-tolerance", "-1"), "--fit-tolerance must be >= 0"),
@@ -1051,6 +1052,8 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(
         "2",
         "--polish",  # the best model fitted again over its cell, from a 2 x 2 x 8 grid
         "2",
+        "--held-cells",  # the best cell fitted once more, its subhalo's mass held first
+        "1",
     )
     assert main([*argv, "--json", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -1080,9 +1083,11 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(
     assert result["z_lens"] == 0.3 and "x grows with the column index" in result["convention"]
     assert result["held"] == []  # (a parametric source: nothing held)
     assert (tmp_path / "scan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # the header, 4 cells, 4 sub-cells, the polishing fit and the smooth model's 3 refits
-    # (--smooth-starts 3)
-    assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 1 + 4 + 4 + 1 + 3
+    # the header, 4 cells, the held-mass fit, 4 sub-cells, the polishing fit and the smooth
+    # model's 3 refits (--smooth-starts 3)
+    lines = (tmp_path / "scan_cells.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 4 + 1 + 4 + 1 + 3
+    assert sum('"held"' in line for line in lines[1:]) == 1
 
     # run again: the smooth model is read back from scan_smooth.pkl (not fitted again) and
     # every cell and sub-cell resumed from the cells' file: the same scan
@@ -1095,7 +1100,7 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(
     assert again["smooth_log_evidence"] == result["smooth_log_evidence"]
     assert [c["log_evidence"] for c in again["cells"]] == [c["log_evidence"] for c in cells]
     assert again["best"] == best
-    assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == 1 + 4 + 4 + 1 + 3
+    assert len((tmp_path / "scan_cells.jsonl").read_text().splitlines()) == len(lines)
 
 
 @slow_ci

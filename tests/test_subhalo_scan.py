@@ -229,13 +229,14 @@ def test_scan_finds_an_injected_subhalo_refines_its_cell_and_resumes_from_its_ch
     assert out["cells"][0]["delta_log_evidence"] == pytest.approx(coarse)
     assert out["refinement"]["cell"] == 0 and len(out["refinement"]["sub_cells"]) == 4
     lines = path.read_text().splitlines()
-    # the header, two cells, four sub-cells and the smooth model's refits from the two
-    # cells' best fits (smooth_starts=3: all there are)
-    assert len(lines) == 9 and sum('"refit"' in line for line in lines) == 2
+    # the header, two cells, their held-mass fits (held_cells=3: both), four sub-cells and
+    # the smooth model's refits from the two cells' best fits (smooth_starts=3: all there are)
+    assert len(lines) == 11 and sum('"refit"' in line for line in lines) == 2
+    assert sum('"held"' in line for line in lines[1:]) == 2
     again = subhalo_scan(objective, smooth, LC, refine=2, **kw)
     assert again.resumed == 2 and again.refinement is not None
     assert again.refinement.resumed == 4
-    assert len(path.read_text().splitlines()) == 9  # (the refits resumed too)
+    assert len(path.read_text().splitlines()) == 11  # (the refits resumed too)
     assert again.smooth_log_evidence == scan.smooth_log_evidence
     np.testing.assert_array_equal(again.log_evidence, scan.log_evidence)
     np.testing.assert_array_equal(again.refinement.log_evidence, sub.log_evidence)
@@ -432,7 +433,8 @@ def test_the_cells_evidences_start_their_smoothing_from_the_smooth_models_errors
     kw = dict(grid=np.asarray([[0.1, 0.8]]), half=0.3, kind="pseudo_jaffe", progress=False)
     kw.update(refine=0, polish=0, smooth_starts=1, start_grid=0, smoothed=True, checkpoint=path)
     scan = subhalo_scan(objective, smooth, LC, **kw)
-    assert scan.failed == 0 and len(calls) == 3  # the smooth model, the cell, one refit
+    # the smooth model, the cell, its held-mass fit (held_cells=3: the one cell), one refit
+    assert scan.failed == 0 and len(calls) == 4
     first, ev = calls[0]
     assert "smoothing_start" not in first and "smoothing_rounds" not in first
     errors = dict(zip(ev.names, np.asarray(ev.raw_errors).tolist(), strict=True))
@@ -891,6 +893,7 @@ def test_cells_are_fitted_in_units_of_the_smooth_models_errors(tmp_path):
         "fit_plateau": None,
         "smoothing_start": None,
         "subhalo_samples": 0,
+        "held": None,
     }
     assert _cells._read_checkpoint(path, now) == []
     with pytest.raises(ValueError, match="another preconditioned"):
@@ -909,6 +912,7 @@ def test_cells_are_fitted_in_units_of_the_smooth_models_errors(tmp_path):
                 "fit_plateau": None,
                 "smoothing_start": None,
                 "subhalo_samples": 0,
+                "held": None,
             },
         )
 
@@ -941,6 +945,7 @@ def test_the_scans_fit_tolerance_is_its_fits_plateau_and_in_its_checkpoint(tmp_p
         "second_start": False,
         "smoothing_start": None,
         "subhalo_samples": 0,
+        "held": None,
     }
     rule = [_cells.PLATEAU_STEPS, _cells.FIT_TOLERANCE]
     path = tmp_path / "cells.jsonl"
@@ -1167,7 +1172,7 @@ def test_the_cells_evidences_are_corrected_along_the_subhalo_when_asked(monkeypa
     calls = _recorded_evidences(monkeypatch)
     path = tmp_path / "cells.jsonl"
     kw = dict(grid=np.asarray([[0.1, 0.8]]), half=0.3, kind="pseudo_jaffe", progress=False)
-    kw.update(refine=0, polish=0, smooth_starts=0, start_grid=0, checkpoint=path)
+    kw.update(refine=0, polish=0, smooth_starts=0, start_grid=0, held_cells=0, checkpoint=path)
     scan = subhalo_scan(objective, smooth, LC, subhalo_samples=64, **kw)
     assert scan.failed == 0 and len(calls) == 2  # the smooth model, the cell
     (first, _), (cell, ev) = calls

@@ -265,6 +265,15 @@ def main(argv: list[str] | None = None) -> int:
         "masses, the better fit kept (default 3; 0: from the centre alone)",
     )
     shp.add_argument(
+        "--held-cells",
+        type=int,
+        default=3,
+        help="N: after the cells, the N best are fitted once more from their centres with the "
+        "subhalo's mass held at 10^9.5 Msun while the macro model and its position are fitted, "
+        "then all free, the better fit kept (a heavy subhalo the smooth model took up; "
+        "default 3; 0: none)",
+    )
+    shp.add_argument(
         "--polish",
         type=int,
         default=7,
@@ -479,6 +488,8 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
         )
     if not 0 <= args.start_grid <= MAX_GRID:
         raise ValueError(f"--start-grid must be between 0 and {MAX_GRID}, got {args.start_grid}")
+    if not 0 <= args.held_cells <= MAX_GRID**2:
+        raise ValueError(f"--held-cells must be between 0 and {MAX_GRID**2}, got {args.held_cells}")
     if args.polish == 1 or not 0 <= args.polish <= MAX_GRID:
         raise ValueError(
             f"--polish must be 0 (none) or between 2 and {MAX_GRID}, got {args.polish}"
@@ -522,6 +533,7 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
             smooth_starts=args.smooth_starts,
             start_grid=args.start_grid,
             polish=args.polish,
+            held_cells=args.held_cells,
             solver=args.solver,
             max_steps=args.max_steps,
             fit_tolerance=args.fit_tolerance,

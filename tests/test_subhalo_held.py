@@ -1,0 +1,128 @@
+"""The held-mass fits of a subhalo scan (`subhalo_scan(held_cells=n)`,
+`equilens.subhalo._held`): which cells get one, when a cell keeps it, its first phase with
+the subhalo's mass held, its checkpoint record read back, bad settings refused."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import equilens as el
+from equilens.subhalo import _cells, _held, subhalo_scan
+from helpers import slow_ci
+from test_subhalo_scan import LC, _lens
+
+
+@pytest.mark.precision_independent
+def test_held_settings_are_checked():
+    _held.check_held(0, 9.5, (6.0, 11.0))
+    _held.check_held(3, 10.9, (6.0, 11.0))
+    for bad in (-1, True, 1.5, "3"):
+        with pytest.raises(ValueError, match="held_cells must be an integer >= 0"):
+            _held.check_held(bad, 9.5, (6.0, 11.0))
+    for bad in (6.0, 11.0, 12.0, math.nan):
+        with pytest.raises(ValueError, match="held_log10_mass must lie inside mass_range"):
+            _held.check_held(3, bad, (6.0, 11.0))
+
+
+@pytest.mark.precision_independent
+def test_the_best_cells_get_a_held_mass_fit_and_keep_it_only_where_it_is_better():
+    """`held_fits`: the `n` cells of the highest finite log-evidence, each started at its
+    centre with the held mass, through the scan's `run` under the key "held" and
+    `held_task`; a cell's result replaced exactly where the held-mass fit's is higher;
+    the checkpoint's records of those cells (matched by centre and size) passed as done."""
+    log_e = np.array([5.0, np.nan, 9.0, 7.0, 1.0])
+    cells = (log_e, ["ok"] * 5, ["fit"] * 5, [{}] * 5)
+    centres = np.arange(10.0).reshape(5, 2)
+    seen = {}
+
+    def run(setup, chosen, half, starts, done, key, task):
+        seen.update(chosen=chosen, starts=starts, done=done, key=key, task=task, half=half)
+        return np.array([8.0, 12.0]), ["held a", "held b"], ["A", "B"], [{"u": 1.0}, {"u": 2.0}]
+
+    records = [
+        {"held": 1, "center": [6.0, 7.0], "half": 0.4},  # (cell 4's: done)
+        {"held": 0, "center": [0.0, 1.0], "half": 0.4},  # (another cell's: not)
+        {"cell": 0},
+    ]
+    lines = []
+    setup = _cells.CellSetup(*(None,) * 9)
+    out = _held.held_fits(cells, setup, centres, 0.4, run, 2, 9.5, records, lines.append)
+    np.testing.assert_array_equal(seen["chosen"], centres[[2, 3]])
+    np.testing.assert_array_equal(seen["starts"], [[[0.0, 0.0, 9.5]]] * 2)
+    assert seen["key"] == "held" and seen["task"] is _held.held_task and seen["half"] == 0.4
+    assert list(seen["done"]) == [1]
+    new_e, status, fits, errors = out
+    np.testing.assert_array_equal(new_e, [5.0, np.nan, 9.0, 12.0, 1.0])
+    assert status == ["ok", "ok", "ok", "held b", "ok"]
+    assert fits == ["fit", "fit", "fit", "B", "fit"] and errors[3] == {"u": 2.0}
+    assert log_e[3] == 7.0  # (the input left as it was)
+    assert any("cell 4: the held-mass fit kept" in line for line in lines)
+    assert not any("cell 3:" in line for line in lines)
+    # no cell with a finite evidence: nothing to fit
+    none = (np.full(2, np.nan), ["failed"] * 2, [None] * 2, [{}] * 2)
+    assert _held.held_fits(none, setup, centres[:2], 0.4, run, 3, 9.5, [], print) is none
+
+
+@slow_ci
+def test_a_held_mass_fit_holds_the_mass_first_and_is_resumed(monkeypatch, tmp_path):
+    """The scan's held-mass fit (`held_task`): a first fit with the subhalo's `log10_mass`
+    not free (it ends at the held value) and a second with it free from there; the cell's
+    evidence the higher of its own fit's and the held-mass fit's; one "held" record in the
+    checkpoint, read back by a scan run again (no fit)."""
+    objective, start = _lens(True)
+    smooth = el.fit(objective, start, covariance=False)
+    kw = dict(
+        grid=np.asarray([[0.1, 0.8], [-0.8, -0.6]]),
+        half=0.3,
+        kind="pseudo_jaffe",
+        progress=False,
+        refine=0,
+        polish=0,
+        smooth_starts=0,
+        start_grid=0,
+    )
+    plain = subhalo_scan(objective, smooth, LC, held_cells=0, **kw)
+    calls = []
+    real = _held._fit
+
+    def spy(objective, start, solver, free, *args, **kwargs):
+        r = real(objective, start, solver, free, *args, **kwargs)
+        held = free.mass.components[-1].log10_mass
+        calls.append((bool(held), float(r.model.mass.components[-1].log10_mass)))
+        return r
+
+    monkeypatch.setattr(_held, "_fit", spy)
+    path = tmp_path / "cells.jsonl"
+    lines = []
+    scan = subhalo_scan(
+        objective,
+        smooth,
+        LC,
+        held_cells=1,
+        held_log10_mass=9.2,
+        checkpoint=path,
+        log=lines.append,
+        **kw,
+    )
+    assert calls[0] == (False, pytest.approx(9.2, abs=1e-12))  # (the mass held)
+    assert calls[1][0] is True
+    best = int(np.nanargmax(plain.log_evidence))
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    held = [r for r in records if "held" in r]
+    assert len(held) == 1 and held[0]["center"] == pytest.approx(kw["grid"][best].tolist())
+    assert records[0]["header"]["held"] == [1, 9.2]
+    expected = max(plain.log_evidence[best], held[0]["log_evidence"])
+    assert scan.log_evidence[best] == pytest.approx(expected, rel=1e-12)
+    other = 1 - best
+    assert scan.log_evidence[other] == pytest.approx(plain.log_evidence[other], rel=1e-12)
+    assert any(line.startswith("held-mass fit 1 at") for line in lines)
+    calls.clear()
+    again = subhalo_scan(
+        objective, smooth, LC, held_cells=1, held_log10_mass=9.2, checkpoint=path, **kw
+    )
+    assert calls == []
+    np.testing.assert_array_equal(again.log_evidence, scan.log_evidence)
+    with pytest.raises(ValueError, match="another held_cells or held_log10_mass"):
+        subhalo_scan(objective, smooth, LC, held_cells=2, checkpoint=path, **kw)
