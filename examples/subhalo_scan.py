@@ -60,8 +60,9 @@ scan = el.subhalo_scan(objective, smooth, cosmology, grid=3, kind="pseudo_jaffe"
 for (x, y), d in zip(scan.centres, scan.delta_log_evidence, strict=True):
     print(f'  cell at ({x:+.2f}, {y:+.2f})": Delta log E {d:9.1f}')
 best = scan.best
+n = round(len(scan.refinement.centres) ** 0.5) if scan.refinement is not None else 0
 print(
-    f"best cell refined by 3 x 3 sub-cells: Delta log E {best['cell_delta_log_evidence']:.1f} "
+    f"best cell refined by {n} x {n} sub-cells: Delta log E {best['cell_delta_log_evidence']:.1f} "
     f"(coarse {scan.delta_log_evidence[scan.best_index]:.1f}); best sub-cell {best['sub_cell']}"
 )
 print(
