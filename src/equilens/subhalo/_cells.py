@@ -206,16 +206,7 @@ def _cell_task(
     tried = []
     for row in _rows(at):
         start = _in_cell(setup.template, centre, row, dtype)
-        fitted = _fit(
-            setup.cell_objective,
-            start,
-            setup.solver,
-            setup.free,
-            setup.bounds,
-            setup.max_steps,
-            setup.scale,
-            setup.plateau,
-        )
+        fitted = _cell_fit(setup, start)
         tried.append((fitted, start))
     fitted, start = _better(tried)
     fitted = _no_worse_than_smooth(fitted, start, setup)
@@ -341,6 +332,25 @@ def _fit(
     )
 
 
+def _cell_fit(
+    setup: CellSetup, start: LensSystem, held: tuple[Any, np.ndarray | None] | None = None
+) -> FitResult:
+    """A cell's fit from `start` with the set-up's objective, solver, bounds, steps and
+    plateau; its free parameters and `scale` the set-up's, or `held`'s `(free, scale)`
+    (the held-mass fit's first phase, `_held.py`)."""
+    free, scale = held if held is not None else (setup.free, setup.scale)
+    return _fit(
+        setup.cell_objective,
+        start,
+        setup.solver,
+        free,
+        setup.bounds,
+        setup.max_steps,
+        scale,
+        setup.plateau,
+    )
+
+
 @eqx.filter_jit
 def _value(objective: Objective, model: Any) -> Any:
     return objective(model)
@@ -361,16 +371,7 @@ def _no_worse_than_smooth(fitted: FitResult, start: LensSystem, setup: CellSetup
     at_fit = float(fitted.value)  # (the cell objective at the fit's model)
     if at_fit <= float(_value(cell_objective, low)):
         return fitted
-    again = _fit(
-        cell_objective,
-        low,
-        setup.solver,
-        setup.free,
-        setup.bounds,
-        setup.max_steps,
-        setup.scale,
-        setup.plateau,
-    )
+    again = _cell_fit(setup, low)
     value = float(again.value)
     return again if math.isfinite(value) and not value >= at_fit else fitted
 

@@ -29,7 +29,7 @@ from ._cells import (
     CellRecord,
     CellSetup,
     _cell_evidence,
-    _fit,
+    _cell_fit,
     _in_cell,
     _no_worse_than_smooth,
     _rows,
@@ -81,19 +81,8 @@ def held_task(
     del pool
     dtype = setup.template.mass.components[-1].log10_mass.dtype
     start = _in_cell(setup.template, centre, _rows(at)[0], dtype)
-    free, scale = _held_free(setup)
-    args = (setup.solver, free, setup.bounds, setup.max_steps, scale, setup.plateau)
-    first = _fit(setup.cell_objective, start, *args)
-    fitted = _fit(
-        setup.cell_objective,
-        first.model if math.isfinite(float(first.value)) else start,
-        setup.solver,
-        setup.free,
-        setup.bounds,
-        setup.max_steps,
-        setup.scale,
-        setup.plateau,
-    )
+    first = _cell_fit(setup, start, held=_held_free(setup))
+    fitted = _cell_fit(setup, first.model if math.isfinite(float(first.value)) else start)
     fitted = _no_worse_than_smooth(fitted, start, setup)
     return _cell_evidence(setup.objective, fitted, setup.free, setup.bounds, setup.evidence)
 
