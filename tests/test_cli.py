@@ -921,6 +921,8 @@ def _subhalo_args(paths, *extra):
         (("--start-grid", "-1"), "--start-grid must be between 0 and"),
         (("--polish", "1"), "--polish must be 0 (none) or between 2 and"),
         (("--held-cells", "-1"), "--held-cells must be between 0 and"),
+        (("--held-below", "0"), "--held-below must be > 0"),
+        (("--held-below", "nan"), "--held-below must be > 0"),
         (("--smooth-starts", "-2"), "--smooth-starts must be between 0 and"),
         (("--finer-meshes", "-1"), "--finer-meshes must be between 0 and"),
         (("--fit-tolerance", "-1"), "--fit-tolerance must be >= 0"),

@@ -48,7 +48,9 @@ def test_the_best_cells_get_a_held_mass_fit_and_keep_it_only_where_it_is_better(
     ]
     lines = []
     setup = _cells.CellSetup(*(None,) * 9)
-    out = _held.held_fits(cells, setup, centres, 0.4, run, 2, 9.5, records, lines.append)
+    out = _held.held_fits(
+        cells, setup, centres, 0.4, run, 2, 9.5, records, lines.append, smooth=0.0
+    )
     np.testing.assert_array_equal(seen["chosen"], centres[[2, 3]])
     np.testing.assert_array_equal(seen["starts"], [[[0.0, 0.0, 9.5]]] * 2)
     assert seen["key"] == "held" and seen["task"] is _held.held_task and seen["half"] == 0.4
@@ -62,7 +64,43 @@ def test_the_best_cells_get_a_held_mass_fit_and_keep_it_only_where_it_is_better(
     assert not any("cell 3:" in line for line in lines)
     # no cell with a finite evidence: nothing to fit
     none = (np.full(2, np.nan), ["failed"] * 2, [None] * 2, [{}] * 2)
-    assert _held.held_fits(none, setup, centres[:2], 0.4, run, 3, 9.5, [], print) is none
+    assert (
+        _held.held_fits(none, setup, centres[:2], 0.4, run, 3, 9.5, [], print, smooth=0.0) is none
+    )
+
+
+def test_cells_far_above_the_smooth_model_get_no_held_mass_fit():
+    """`held_fits(below=...)`: of the `n` best cells, those at least `below` over the smooth
+    model's log-evidence are left as they are (said), the others fitted; none fitted (and
+    `run` not called) where all are."""
+    log_e = np.array([130.0, 20.0, 150.0, 5.0, 119.0])
+    cells = (log_e, ["ok"] * 5, ["fit"] * 5, [{}] * 5)
+    centres = np.arange(10.0).reshape(5, 2)
+    seen = {}
+
+    def run(setup, chosen, half, starts, done, key, task):
+        seen.update(chosen=chosen)
+        return np.full(len(chosen), 1e3), ["held"] * len(chosen), ["H"] * len(chosen), [{}] * 2
+
+    lines = []
+    setup = _cells.CellSetup(*(None,) * 9)
+    # Delta log E 130, 110, 99 for the three best: only the last is under 105
+    out = _held.held_fits(
+        cells, setup, centres, 0.4, run, 3, 9.5, [], lines.append, smooth=20.0, below=105.0
+    )
+    np.testing.assert_array_equal(seen["chosen"], centres[[4]])
+    np.testing.assert_array_equal(out[0], [130.0, 20.0, 150.0, 5.0, 1e3])
+    assert any("cell 1: Delta log E 110.00, at least 105: no held-mass fit" in x for x in lines)
+    assert any("cell 3: Delta log E 130.00" in x for x in lines)
+    assert any("held-mass fits of 1 of the 3 best cells" in x for x in lines)
+    seen.clear()
+    out = _held.held_fits(cells, setup, centres, 0.4, run, 2, 9.5, [], print, smooth=0.0)
+    assert out is cells and not seen  # (the default 100: both cells over it)
+    with pytest.raises(ValueError, match="held_below must be a number > 0"):
+        _held.check_held(3, 9.5, (6.0, 11.0), 0.0)
+    with pytest.raises(ValueError, match="held_below must be a number > 0"):
+        _held.check_held(3, 9.5, (6.0, 11.0), math.nan)
+    _held.check_held(3, 9.5, (6.0, 11.0), math.inf)
 
 
 @slow_ci
@@ -102,6 +140,7 @@ def test_a_held_mass_fit_holds_the_mass_first_and_is_resumed(monkeypatch, tmp_pa
         LC,
         held_cells=1,
         held_log10_mass=9.2,
+        held_below=math.inf,  # (this lens's best cell is a detection: fitted all the same)
         checkpoint=path,
         log=lines.append,
         **kw,
@@ -122,10 +161,20 @@ def test_a_held_mass_fit_holds_the_mass_first_and_is_resumed(monkeypatch, tmp_pa
     assert scan.log_evidence[other] == pytest.approx(plain.log_evidence[other], rel=1e-12)
     assert any(line.startswith("held-mass fit 1 at") for line in lines)
     calls.clear()
-    again = subhalo_scan(
-        objective, smooth, LC, held_cells=1, held_log10_mass=9.2, checkpoint=path, **kw
-    )
+    held = dict(held_cells=1, held_log10_mass=9.2, checkpoint=path)
+    again = subhalo_scan(objective, smooth, LC, held_below=math.inf, **held, **kw)
     assert calls == []
     np.testing.assert_array_equal(again.log_evidence, scan.log_evidence)
+    # with `held_below` under the best cell's Delta log E (a detection): no held-mass fit,
+    # the cells as without one (the held record is not read)
+    delta = plain.delta_log_evidence[best]
+    assert delta > 10
+    lines.clear()
+    skipped = subhalo_scan(
+        objective, smooth, LC, held_below=delta / 2, log=lines.append, **held, **kw
+    )
+    assert calls == []
+    np.testing.assert_array_equal(skipped.log_evidence, plain.log_evidence)
+    assert any("no held-mass fit" in line for line in lines)
     with pytest.raises(ValueError, match="another held_cells or held_log10_mass"):
         subhalo_scan(objective, smooth, LC, held_cells=2, checkpoint=path, **kw)

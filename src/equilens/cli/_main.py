@@ -274,6 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         "default 3; 0: none)",
     )
     shp.add_argument(
+        "--held-below",
+        type=float,
+        default=100.0,
+        help="DELTA: of those, a cell already DELTA or more above the smooth model in log "
+        "evidence is not fitted again (its fit holds a heavy subhalo; default 100; inf: every "
+        "one)",
+    )
+    shp.add_argument(
         "--polish",
         type=int,
         default=7,
@@ -490,6 +498,8 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
         raise ValueError(f"--start-grid must be between 0 and {MAX_GRID}, got {args.start_grid}")
     if not 0 <= args.held_cells <= MAX_GRID**2:
         raise ValueError(f"--held-cells must be between 0 and {MAX_GRID**2}, got {args.held_cells}")
+    if not args.held_below > 0:
+        raise ValueError(f"--held-below must be > 0 (log-evidence units), got {args.held_below}")
     if args.polish == 1 or not 0 <= args.polish <= MAX_GRID:
         raise ValueError(
             f"--polish must be 0 (none) or between 2 and {MAX_GRID}, got {args.polish}"
@@ -534,6 +544,7 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
             start_grid=args.start_grid,
             polish=args.polish,
             held_cells=args.held_cells,
+            held_below=args.held_below,
             solver=args.solver,
             max_steps=args.max_steps,
             fit_tolerance=args.fit_tolerance,

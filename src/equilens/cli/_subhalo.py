@@ -79,6 +79,7 @@ def run_subhalo(
     start_grid: int = 3,
     polish: int = 7,
     held_cells: int = 3,
+    held_below: float = 100.0,
     solver: str = "lm",
     max_steps: int | None = None,
     fit_tolerance: float | None = None,
@@ -97,8 +98,9 @@ def run_subhalo(
     the mask for a subhalo of profile `kind`, the best cell refined by `refine` x `refine`
     sub-cells, the smooth model fitted again from the `smooth_starts` best subhalo fits,
     each cell fitted from its centre and its `start_grid`'s best, the best model polished over
-    its cell from the best of a `polish` x `polish` grid, the `held_cells` best cells fitted
-    once more with the subhalo's mass held first (`equilens.subhalo_scan`, each
+    its cell from the best of a `polish` x `polish` grid, the `held_cells` best cells (those
+    less than `held_below` over the smooth model) fitted once more with the subhalo's mass
+    held first (`equilens.subhalo_scan`, each
     finished cell appended to `OUT_cells.jsonl` beside the JSON, the smooth fit kept in
     `OUT_smooth.pkl` with a fingerprint of its inputs: a rerun of the same data and settings
     reads the smooth model back, `equilens.cli._kept`, and resumes from the cells' file).
@@ -201,6 +203,7 @@ def run_subhalo(
         start_grid=start_grid,
         polish=polish,
         held_cells=held_cells,
+        held_below=held_below,
         kind=kind,  # pyright: ignore[reportArgumentType]
         solver=None if solver == "lm" and pixelized else solver,
         max_steps=500 if max_steps is None else max_steps,

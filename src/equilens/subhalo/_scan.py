@@ -51,7 +51,7 @@ from ._cells import (
     fit_plateau,
 )
 from ._grid import grid_cells, tile
-from ._held import HELD_CELLS, HELD_LOG10_MASS, check_held, held_fits
+from ._held import HELD_BELOW, HELD_CELLS, HELD_LOG10_MASS, check_held, held_fits
 from ._polish import POLISH_GRID, cell_template, check_polish, polished
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
 from ._result import SubhaloScan, _summary
@@ -165,6 +165,7 @@ def subhalo_scan(
     smooth_starts: int = 3,
     held_cells: int = HELD_CELLS,
     held_log10_mass: float = HELD_LOG10_MASS,
+    held_below: float = HELD_BELOW,
     refine: int = 2,
     polish: int = POLISH_GRID,
     subhalo_samples: int = 0,
@@ -272,6 +273,10 @@ def subhalo_scan(
       moves the macro model (the suite's lens 2: +11.5 from every start of the truth's
       cell, +131 from the held-mass fit; docs/validation.md). Default 3 and 9.5; 0 cells:
       none.
+    - `held_below`: of those cells, one whose Delta log E over the smooth model is at least
+      this is not fitted again: its fit has already left the smooth model for a heavy
+      subhalo's mode (default 100: the Jackpot's three best cells, +137 to +245, are
+      left as they are; `math.inf`: every one fitted again).
     - `refine`: the best cell is then tiled by `refine` x `refine` sub-cells (half-width
       `half / refine`), each fitted as a cell from the best cell's fit (the sub-cell
       holding its subhalo from its position): a cell's fit can stop in a local minimum
@@ -327,7 +332,7 @@ def subhalo_scan(
             f"refine must be 0 (none) or an integer >= 2 sub-cells a side, got {refine!r}"
         )
     check_polish(polish)
-    check_held(held_cells, held_log10_mass, (lo, hi))
+    check_held(held_cells, held_log10_mass, (lo, hi), held_below)
     smooth = _as_sum(smooth)
     if host_theta_E is None:
         host_theta_E = float(getattr(smooth.mass.components[0], "theta_E", 1.0))  # pyright: ignore[reportAttributeAccessIssue]
@@ -438,7 +443,8 @@ def subhalo_scan(
         # as before 2026-12-06's session 65)
         "subhalo_samples": int(subhalo_samples),
         # (the held-mass fits' cells and mass, `held_fits`; None: none, as before
-        # 2026-12-07's session 70)
+        # 2026-12-07's session 70; `held_below` is not here: it picks which cells get
+        # one, and a "held" record is its cell's fit whatever picked it)
         "held": [int(held_cells), float(held_log10_mass)] if held_cells else None,
     }
     records = _read_checkpoint(checkpoint, header)
@@ -484,7 +490,17 @@ def subhalo_scan(
     cells = run(setup, centres, half, starts, done, "cell", pool=pool)
     if held_cells:
         cells = held_fits(
-            cells, setup, centres, half, run, held_cells, held_log10_mass, records, say
+            cells,
+            setup,
+            centres,
+            half,
+            run,
+            held_cells,
+            held_log10_mass,
+            records,
+            say,
+            smooth=smooth_ev.log_evidence,
+            below=held_below,
         )
     scan = _summary(centres, half, cells, smooth_ev, kind, cosmology, (lo, hi), len(done))
     best = scan.fits[scan.best_index]
