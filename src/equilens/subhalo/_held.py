@@ -18,7 +18,7 @@ is a continuation step, not the answer.
 
 A cell whose fit is already far above the smooth model (`HELD_BELOW`) has left it: its
 subhalo is heavy and the macro model has moved with it, the mode the held-mass fit is there
-to reach; such a cell is not fitted again. The Jackpot's three best cells (+137 to +245)
+to reach; such a cell is not fitted again. The Jackpot's three best cells (+153 to +245)
 are such cells, lens 2's truth cell (+11.5) is not.
 """
 

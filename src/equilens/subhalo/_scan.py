@@ -275,7 +275,7 @@ def subhalo_scan(
       none.
     - `held_below`: of those cells, one whose Delta log E over the smooth model is at least
       this is not fitted again: its fit has already left the smooth model for a heavy
-      subhalo's mode (default 100: the Jackpot's three best cells, +137 to +245, are
+      subhalo's mode (default 100: the Jackpot's three best cells, +153 to +245, are
       left as they are; `math.inf`: every one fitted again).
     - `refine`: the best cell is then tiled by `refine` x `refine` sub-cells (half-width
       `half / refine`), each fitted as a cell from the best cell's fit (the sub-cell
