@@ -938,6 +938,26 @@ def test_subhalo_bad_input_is_one_line_and_nonzero(fits_files, tmp_path, capsys,
     assert message in err, err
 
 
+def test_subhalo_held_options_reach_the_scan(fits_files, tmp_path, monkeypatch):
+    """`--held-cells` and `--held-below` are passed on to `run_subhalo` as given, `inf`
+    included (every one of the best cells fitted again)."""
+    from equilens.cli import _main
+
+    seen = {}
+
+    def recorded(imaging, out, z_lens, z_source, **kw):
+        seen.update(kw)
+        return {"status": "successful"}
+
+    monkeypatch.setattr(_main, "run_subhalo", recorded)
+    argv = _subhalo_args(fits_files, "--held-cells", "2", "--held-below", "inf")
+    assert main([*argv, "--json", str(tmp_path / "s.json")]) == 0
+    assert seen["held_cells"] == 2 and seen["held_below"] == math.inf
+    argv = _subhalo_args(fits_files)
+    assert main([*argv, "--json", str(tmp_path / "s.json")]) == 0
+    assert seen["held_cells"] == 3 and seen["held_below"] == 100.0
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
