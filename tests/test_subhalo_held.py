@@ -42,8 +42,9 @@ def test_the_best_cells_get_a_held_mass_fit_and_keep_it_only_where_it_is_better(
         return np.array([8.0, 12.0]), ["held a", "held b"], ["A", "B"], [{"u": 1.0}, {"u": 2.0}]
 
     records = [
-        {"held": 1, "center": [6.0, 7.0], "half": 0.4},  # (cell 4's: done)
+        {"held": 0, "center": [6.0, 7.0], "half": 0.4},  # (cell 4's, another index: done)
         {"held": 0, "center": [0.0, 1.0], "half": 0.4},  # (another cell's: not)
+        {"held": 1, "center": [4.0, 5.0], "half": 0.3},  # (cell 3's centre, another size)
         {"cell": 0},
     ]
     lines = []

@@ -105,16 +105,18 @@ def held_task(
 def held_done(
     records: Sequence[Mapping[str, Any]], centres: np.ndarray, half: float
 ) -> dict[int, Mapping[str, Any]]:
-    """The held-mass fits' checkpoint records (`{"held": j, ...}`) of the cells `centres`,
-    by index (`_run_cells`'s `done`)."""
-    return {
-        int(r["held"]): r
-        for r in records
-        if "held" in r
-        and int(r["held"]) < len(centres)
-        and np.allclose(r["center"], centres[int(r["held"])], rtol=0, atol=1e-9)
-        and math.isclose(r["half"], half, rel_tol=1e-9)
-    }
+    """The held-mass fits' checkpoint records (`{"held": j, "center": ..., ...}`) of the
+    cells `centres`, by their index in `centres` (`_run_cells`'s `done`), matched by centre
+    and size: a record's own index is its place among the cells fitted when it was written,
+    which another `held_below` (or a resumed scan's other best cells) can change."""
+    done = {}
+    for r in records:
+        if "held" not in r or not math.isclose(r["half"], half, rel_tol=1e-9):
+            continue
+        for j, centre in enumerate(centres):
+            if np.allclose(r["center"], centre, rtol=0, atol=1e-9):
+                done[j] = r
+    return done
 
 
 def held_fits(
