@@ -196,9 +196,9 @@ def test_scan_finds_an_injected_subhalo_refines_its_cell_and_resumes_from_its_ch
     path = tmp_path / "cells.jsonl"
     # the cell holding (0, 0.9) and one far from it; the best refined by 2 x 2 sub-cells
     centres = np.asarray([[0.1, 0.8], [-0.8, -0.6]])
-    kw = dict(
-        grid=centres, half=0.3, kind="pseudo_jaffe", checkpoint=path, progress=False, polish=0
-    )
+    # (held_below=inf: the subhalo's cell, over the default 100, gets its held-mass fit too)
+    kw = dict(grid=centres, half=0.3, kind="pseudo_jaffe", checkpoint=path, progress=False)
+    kw.update(polish=0, held_below=math.inf)
     scan = subhalo_scan(objective, smooth, LC, refine=2, **kw)
     assert scan.failed == 0
     assert scan.best_index == 0
@@ -432,8 +432,9 @@ def test_the_cells_evidences_start_their_smoothing_from_the_smooth_models_errors
     path = tmp_path / "cells.jsonl"
     kw = dict(grid=np.asarray([[0.1, 0.8]]), half=0.3, kind="pseudo_jaffe", progress=False)
     kw.update(refine=0, polish=0, smooth_starts=1, start_grid=0, smoothed=True, checkpoint=path)
-    scan = subhalo_scan(objective, smooth, LC, **kw)
-    # the smooth model, the cell, its held-mass fit (held_cells=3: the one cell), one refit
+    scan = subhalo_scan(objective, smooth, LC, held_below=math.inf, **kw)
+    # the smooth model, the cell, its held-mass fit (held_cells=3 and held_below=inf: the one
+    # cell, a detection), one refit
     assert scan.failed == 0 and len(calls) == 4
     first, ev = calls[0]
     assert "smoothing_start" not in first and "smoothing_rounds" not in first
