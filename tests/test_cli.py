@@ -923,6 +923,7 @@ def _subhalo_args(paths, *extra):
         (("--held-cells", "-1"), "--held-cells must be between 0 and"),
         (("--held-below", "0"), "--held-below must be > 0"),
         (("--held-below", "nan"), "--held-below must be > 0"),
+        (("--searched-cells", "-1"), "--searched-cells must be between 0 and"),
         (("--smooth-starts", "-2"), "--smooth-starts must be between 0 and"),
         (("--finer-meshes", "-1"), "--finer-meshes must be between 0 and"),
         (("--fit-tolerance", "-1"), "--fit-tolerance must be >= 0"),
@@ -939,8 +940,8 @@ def test_subhalo_bad_input_is_one_line_and_nonzero(fits_files, tmp_path, capsys,
 
 
 def test_subhalo_held_options_reach_the_scan(fits_files, tmp_path, monkeypatch):
-    """`--held-cells` and `--held-below` are passed on to `run_subhalo` as given, `inf`
-    included (every one of the best cells fitted again)."""
+    """`--held-cells`, `--held-below` and `--searched-cells` are passed on to `run_subhalo`
+    as given, `inf` included (every one of the best cells fitted again)."""
     from equilens.cli import _main
 
     seen = {}
@@ -951,11 +952,14 @@ def test_subhalo_held_options_reach_the_scan(fits_files, tmp_path, monkeypatch):
 
     monkeypatch.setattr(_main, "run_subhalo", recorded)
     argv = _subhalo_args(fits_files, "--held-cells", "2", "--held-below", "inf")
+    argv += ["--searched-cells", "0"]
     assert main([*argv, "--json", str(tmp_path / "s.json")]) == 0
     assert seen["held_cells"] == 2 and seen["held_below"] == math.inf
+    assert seen["searched_cells"] == 0
     argv = _subhalo_args(fits_files)
     assert main([*argv, "--json", str(tmp_path / "s.json")]) == 0
     assert seen["held_cells"] == 3 and seen["held_below"] == 100.0
+    assert seen["searched_cells"] == 3
 
 
 @pytest.mark.parametrize(
@@ -1076,6 +1080,8 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(
         "2",
         "--held-cells",  # the best cell fitted once more, its subhalo's mass held first
         "1",
+        "--searched-cells",  # and once more from a global search with a parametric source
+        "1",
     )
     assert main([*argv, "--json", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -1105,11 +1111,12 @@ def test_subhalo_command_writes_the_map_and_finds_nothing_in_a_smooth_lens(
     assert result["z_lens"] == 0.3 and "x grows with the column index" in result["convention"]
     assert result["held"] == []  # (a parametric source: nothing held)
     assert (tmp_path / "scan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # the header, 4 cells, the held-mass fit, 4 sub-cells, the polishing fit and the smooth
-    # model's 3 refits (--smooth-starts 3)
+    # the header, 4 cells, the held-mass fit, the searched fit, 4 sub-cells, the polishing
+    # fit and the smooth model's 3 refits (--smooth-starts 3)
     lines = (tmp_path / "scan_cells.jsonl").read_text().splitlines()
-    assert len(lines) == 1 + 4 + 1 + 4 + 1 + 3
+    assert len(lines) == 1 + 4 + 1 + 1 + 4 + 1 + 3
     assert sum('"held"' in line for line in lines[1:]) == 1
+    assert sum('"searched"' in line for line in lines[1:]) == 1
 
     # run again: the smooth model is read back from scan_smooth.pkl (not fitted again) and
     # every cell and sub-cell resumed from the cells' file: the same scan

@@ -121,6 +121,7 @@ def test_a_held_mass_fit_holds_the_mass_first_and_is_resumed(monkeypatch, tmp_pa
         polish=0,
         smooth_starts=0,
         start_grid=0,
+        searched_cells=0,
     )
     plain = subhalo_scan(objective, smooth, LC, held_cells=0, **kw)
     calls = []

@@ -198,7 +198,8 @@ def test_scan_finds_an_injected_subhalo_refines_its_cell_and_resumes_from_its_ch
     centres = np.asarray([[0.1, 0.8], [-0.8, -0.6]])
     # (held_below=inf: the subhalo's cell, over the default 100, gets its held-mass fit too)
     kw = dict(grid=centres, half=0.3, kind="pseudo_jaffe", checkpoint=path, progress=False)
-    kw.update(polish=0, held_below=math.inf)
+    # (searched_cells=0: the searched fits have their own tests, test_subhalo_searched.py)
+    kw.update(polish=0, held_below=math.inf, searched_cells=0)
     scan = subhalo_scan(objective, smooth, LC, refine=2, **kw)
     assert scan.failed == 0
     assert scan.best_index == 0
@@ -342,6 +343,7 @@ def test_a_cell_fit_that_ends_worse_than_the_smooth_model_is_redone_from_a_quiet
     kw = dict(
         grid=centres, half=0.3, kind="pseudo_jaffe", progress=False, max_steps=3, refine=0, polish=0
     )
+    kw.update(searched_cells=0)  # (a searched fit takes its own steps: this is about the cells')
     # (start_grid=0: the fits start at 10^10.8 Msun, not at the best of the start grid)
     scan = subhalo_scan(objective, smooth, LC, start_log10_mass=10.8, start_grid=0, **kw)
     assert scan.failed == 0
@@ -432,6 +434,7 @@ def test_the_cells_evidences_start_their_smoothing_from_the_smooth_models_errors
     path = tmp_path / "cells.jsonl"
     kw = dict(grid=np.asarray([[0.1, 0.8]]), half=0.3, kind="pseudo_jaffe", progress=False)
     kw.update(refine=0, polish=0, smooth_starts=1, start_grid=0, smoothed=True, checkpoint=path)
+    kw.update(searched_cells=0)
     scan = subhalo_scan(objective, smooth, LC, held_below=math.inf, **kw)
     # the smooth model, the cell, its held-mass fit (held_cells=3 and held_below=inf: the one
     # cell, a detection), one refit
@@ -471,6 +474,7 @@ def test_nested_sampling_of_the_best_cell_agrees_with_the_laplace_evidence():
         progress=False,
         refine=0,
         polish=0,
+        searched_cells=0,
     )
     nested = el.subhalo_evidence(scan, objective, n_live=300, n_eff=600, n_networks=1)
     assert nested.cell == 0 and nested.laplace_delta_log_evidence == scan.best["delta_log_evidence"]
@@ -687,6 +691,7 @@ def test_the_best_subhalo_model_is_polished_over_its_cell_and_resumed(tmp_path):
         refine=2,
         polish=3,
         smooth_starts=0,
+        searched_cells=0,
     )
     lines = []
     scan = subhalo_scan(objective, smooth, LC, log=lines.append, **kw)
@@ -756,6 +761,7 @@ def test_the_vectorised_scan_equals_the_loop_with_two_starts_a_cell():
         refine=0,
         polish=0,
         smooth_starts=0,
+        searched_cells=0,
         progress=False,
     )
     lines = []
@@ -1174,6 +1180,7 @@ def test_the_cells_evidences_are_corrected_along_the_subhalo_when_asked(monkeypa
     path = tmp_path / "cells.jsonl"
     kw = dict(grid=np.asarray([[0.1, 0.8]]), half=0.3, kind="pseudo_jaffe", progress=False)
     kw.update(refine=0, polish=0, smooth_starts=0, start_grid=0, held_cells=0, checkpoint=path)
+    kw.update(searched_cells=0)
     scan = subhalo_scan(objective, smooth, LC, subhalo_samples=64, **kw)
     assert scan.failed == 0 and len(calls) == 2  # the smooth model, the cell
     (first, _), (cell, ev) = calls

@@ -282,6 +282,15 @@ def main(argv: list[str] | None = None) -> int:
         "one)",
     )
     shp.add_argument(
+        "--searched-cells",
+        type=int,
+        default=3,
+        help="N: then the N best cells are fitted once more from a global search of the "
+        "mass (slope included) and the cell's subhalo with a parametric source, as the smooth "
+        "fit began, the better fit kept (a heavy subhalo that moved the smooth model's slope; "
+        "default 3; 0: none)",
+    )
+    shp.add_argument(
         "--polish",
         type=int,
         default=7,
@@ -498,6 +507,10 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
         raise ValueError(f"--start-grid must be between 0 and {MAX_GRID}, got {args.start_grid}")
     if not 0 <= args.held_cells <= MAX_GRID**2:
         raise ValueError(f"--held-cells must be between 0 and {MAX_GRID**2}, got {args.held_cells}")
+    if not 0 <= args.searched_cells <= MAX_GRID**2:
+        raise ValueError(
+            f"--searched-cells must be between 0 and {MAX_GRID**2}, got {args.searched_cells}"
+        )
     if not args.held_below > 0:
         raise ValueError(f"--held-below must be > 0 (log-evidence units), got {args.held_below}")
     if args.polish == 1 or not 0 <= args.polish <= MAX_GRID:
@@ -545,6 +558,7 @@ def _subhalo(args, partial: Partial) -> dict[str, str]:
             polish=args.polish,
             held_cells=args.held_cells,
             held_below=args.held_below,
+            searched_cells=args.searched_cells,
             solver=args.solver,
             max_steps=args.max_steps,
             fit_tolerance=args.fit_tolerance,

@@ -80,6 +80,7 @@ def run_subhalo(
     polish: int = 7,
     held_cells: int = 3,
     held_below: float = 100.0,
+    searched_cells: int = 3,
     solver: str = "lm",
     max_steps: int | None = None,
     fit_tolerance: float | None = None,
@@ -100,7 +101,8 @@ def run_subhalo(
     each cell fitted from its centre and its `start_grid`'s best, the best model polished over
     its cell from the best of a `polish` x `polish` grid, the `held_cells` best cells (those
     less than `held_below` over the smooth model) fitted once more with the subhalo's mass
-    held first (`equilens.subhalo_scan`, each
+    held first, the `searched_cells` best fitted once more from a global search of the mass
+    and subhalo with a parametric source (`equilens.subhalo_scan`, each
     finished cell appended to `OUT_cells.jsonl` beside the JSON, the smooth fit kept in
     `OUT_smooth.pkl` with a fingerprint of its inputs: a rerun of the same data and settings
     reads the smooth model back, `equilens.cli._kept`, and resumes from the cells' file).
@@ -204,6 +206,7 @@ def run_subhalo(
         polish=polish,
         held_cells=held_cells,
         held_below=held_below,
+        searched_cells=searched_cells,
         kind=kind,  # pyright: ignore[reportArgumentType]
         solver=None if solver == "lm" and pixelized else solver,
         max_steps=500 if max_steps is None else max_steps,

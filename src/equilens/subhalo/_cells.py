@@ -37,9 +37,21 @@ MAX_STEPS_STATUS = "successful (the fit reached max_steps; evidence from where i
 CHECKPOINT_FORMAT = 1
 #: What the log and the progress bar call the fits of each kind of checkpoint record:
 #: the cells, the refinement's sub-cells, the best cell's polishing fit (`_polish.py`), the
-#: best cells' held-mass fits (`_held.py`).
-NAMES = {"cell": "cell", "sub": "sub-cell", "polish": "polished cell", "held": "held-mass fit"}
-BARS = {"cell": "subhalo scan", "sub": "refinement", "polish": "polish", "held": "held mass"}
+#: best cells' held-mass fits (`_held.py`) and searched fits (`_searched.py`).
+NAMES = {
+    "cell": "cell",
+    "sub": "sub-cell",
+    "polish": "polished cell",
+    "held": "held-mass fit",
+    "searched": "searched fit",
+}
+BARS = {
+    "cell": "subhalo scan",
+    "sub": "refinement",
+    "polish": "polish",
+    "held": "held mass",
+    "searched": "searched",
+}
 
 
 class CellSetup(NamedTuple):
@@ -136,7 +148,8 @@ def _run_cells(
     ("cell", "sub" for the refinement's sub-cells, "polish" for the polishing fit) as it
     finishes; with a start grid's `pool` (Dask only: `_seed.cell_starts(in_tasks=True)`), each task
     scores its cell's grid itself. `task`: what fits a cell (default `_cell_task`; "held",
-    the held-mass fits' `_held.held_task`, with its signature; never vectorised). Returns
+    the held-mass fits' `_held.held_task`, "searched", `_searched.searched_task`, with its
+    signature; never vectorised). Returns
     each cell's log-evidence, status, fitted model and subhalo errors."""
     if pool is not None and client is None:
         raise ValueError("a start grid's pool is scored in the cells' tasks on Dask only")

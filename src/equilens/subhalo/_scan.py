@@ -55,6 +55,7 @@ from ._held import HELD_BELOW, HELD_CELLS, HELD_LOG10_MASS, check_held, held_fit
 from ._polish import POLISH_GRID, cell_template, check_polish, polished
 from ._profile import MASS_RANGE, Subhalo, SubhaloKind
 from ._result import SubhaloScan, _summary
+from ._searched import SEARCHED_CELLS, check_searched, searched_fits
 from ._seed import START_MASSES, cell_starts, start_candidates, start_pool
 from ._smooth import _as_sum, early_refits, smooth_refits
 
@@ -166,6 +167,7 @@ def subhalo_scan(
     held_cells: int = HELD_CELLS,
     held_log10_mass: float = HELD_LOG10_MASS,
     held_below: float = HELD_BELOW,
+    searched_cells: int = SEARCHED_CELLS,
     refine: int = 2,
     polish: int = POLISH_GRID,
     subhalo_samples: int = 0,
@@ -277,6 +279,19 @@ def subhalo_scan(
       this is not fitted again: its fit has already left the smooth model for a heavy
       subhalo's mode (default 100: the Jackpot's three best cells, +153 to +245, are
       left as they are; `math.inf`: every one fitted again).
+    - `searched_cells`: then the `searched_cells` cells of the highest log-evidence are
+      fitted once more from a global search (`equilens.subhalo._searched`): the smooth
+      model's mass plus the cell's subhalo with a parametric `Sersic` source (in place of a
+      pixelized one), searched by chi^2 as the smooth model's fit began (`fit_lens`'s
+      search: Einstein radius, ellipticity, shear, and here the slope and the subhalo's
+      position and mass too), the cell then fitted with this objective from the searched
+      mass; a cell keeps the better of its fits. A heavy subhalo can pull the smooth fit
+      far from the truth's macro model (the suite's lens 4: slope 1.54 for 2.07), and no
+      local fit reaches the subhalo's mode from there (a pixelized source follows the
+      wrong macro model); a parametric source cannot, and the search finds the slope and
+      the subhalo together (lens 4: 0.008" from the truth, where the cells' fits ended
+      0.48" off; docs/validation.md). Needs an objective with an imaging term. Default 3;
+      0: none.
     - `refine`: the best cell is then tiled by `refine` x `refine` sub-cells (half-width
       `half / refine`), each fitted as a cell from the best cell's fit (the sub-cell
       holding its subhalo from its position): a cell's fit can stop in a local minimum
@@ -333,6 +348,7 @@ def subhalo_scan(
         )
     check_polish(polish)
     check_held(held_cells, held_log10_mass, (lo, hi), held_below)
+    check_searched(searched_cells)
     smooth = _as_sum(smooth)
     if host_theta_E is None:
         host_theta_E = float(getattr(smooth.mass.components[0], "theta_E", 1.0))  # pyright: ignore[reportAttributeAccessIssue]
@@ -502,6 +518,8 @@ def subhalo_scan(
             smooth=smooth_ev.log_evidence,
             below=held_below,
         )
+    if searched_cells:
+        cells = searched_fits(cells, setup, centres, half, run, searched_cells, records, say)
     scan = _summary(centres, half, cells, smooth_ev, kind, cosmology, (lo, hi), len(done))
     best = scan.fits[scan.best_index]
     refit_args = (solver, free, bounds, max_steps, evidence, plateau)
