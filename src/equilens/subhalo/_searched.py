@@ -82,7 +82,7 @@ def searched_model(setup: CellSetup, centre: np.ndarray) -> tuple[Any, Any]:
     cell = _in_cell(setup.template, centre, np.array([0.0, 0.0, 9.5]), dtype)
     model = cell
     if isinstance(cell.source, PixelizedSource):
-        theta_E = float(getattr(cell.mass.components[0], "theta_E", 1.0))
+        theta_E = float(getattr(cell.mass.components[0], "theta_E", 1.0))  # pyright: ignore[reportAttributeAccessIssue]
         model = eqx.tree_at(
             lambda m: m.source,
             cell,
