@@ -7,7 +7,7 @@ import json
 import math
 import os
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -419,6 +419,43 @@ def _cell_evidence(
         if name.startswith(prefix)
     }
     return ev.log_evidence, status, ev.model, sigma
+
+
+def records_of(
+    records: Any, key: str, centres: np.ndarray, half: float
+) -> dict[int, Mapping[str, Any]]:
+    """The checkpoint's `records` of kind `key` (`{key: j, "center": ..., "half": ...}`: the
+    held-mass and searched fits) of the cells `centres`, by their index in `centres`,
+    matched by centre and size: a record's own index is its place among the cells fitted
+    when it was written, which other settings (or a resumed scan's other best cells) change."""
+    done = {}
+    for r in records:
+        if key not in r or not math.isclose(r["half"], half, rel_tol=1e-9):
+            continue
+        for j, centre in enumerate(centres):
+            if np.allclose(r["center"], centre, rtol=0, atol=1e-9):
+                done[j] = r
+    return done
+
+
+def keep_better(
+    cells: tuple[np.ndarray, list[str], list[Any], list[dict[str, float]]],
+    top: Sequence[int],
+    again: tuple[np.ndarray, list[str], list[Any], list[dict[str, float]]],
+    say: Callable[[str], None],
+    what: str,
+) -> tuple[np.ndarray, list[str], list[Any], list[dict[str, float]]]:
+    """`cells` (`_run_cells`'s results) with cell `top[j]`'s replaced by `again`'s `j`th
+    where that evidence is higher (said, as `what`'s); the input left as it was."""
+    log_e, status, fits, errors = np.array(cells[0]), list(cells[1]), list(cells[2]), list(cells[3])
+    a_log_e, a_status, a_fits, a_errors = again
+    for j, i in enumerate(top):
+        if math.isfinite(float(a_log_e[j])) and a_log_e[j] > log_e[i]:
+            gain = a_log_e[j] - log_e[i]
+            say(f"  cell {i + 1}: {what} kept, log evidence {gain:+.2f} over its fit")
+            log_e[i], status[i] = a_log_e[j], a_status[j]
+            fits[i], errors[i] = a_fits[j], a_errors[j]
+    return log_e, status, fits, errors
 
 
 def _bar(total: int, show: bool, desc: str) -> Any:

@@ -38,6 +38,8 @@ from ._cells import (
     _in_cell,
     _no_worse_than_smooth,
     _rows,
+    keep_better,
+    records_of,
 )
 
 #: `subhalo_scan`'s default `held_cells`: the cells of the highest log-evidence given a
@@ -105,18 +107,8 @@ def held_task(
 def held_done(
     records: Sequence[Mapping[str, Any]], centres: np.ndarray, half: float
 ) -> dict[int, Mapping[str, Any]]:
-    """The held-mass fits' checkpoint records (`{"held": j, "center": ..., ...}`) of the
-    cells `centres`, by their index in `centres` (`_run_cells`'s `done`), matched by centre
-    and size: a record's own index is its place among the cells fitted when it was written,
-    which another `held_below` (or a resumed scan's other best cells) can change."""
-    done = {}
-    for r in records:
-        if "held" not in r or not math.isclose(r["half"], half, rel_tol=1e-9):
-            continue
-        for j, centre in enumerate(centres):
-            if np.allclose(r["center"], centre, rtol=0, atol=1e-9):
-                done[j] = r
-    return done
+    """The held-mass fits' checkpoint records of the cells `centres` (`_cells.records_of`)."""
+    return records_of(records, "held", centres, half)
 
 
 def held_fits(
@@ -138,7 +130,7 @@ def held_fits(
     `held_task` (the mass held at `log10_mass`, each from its cell's centre; `run`: the
     scan's `_run_cells`), a cell's result replaced where the held-mass fit's evidence is
     higher; a record in the checkpoint's `records` is read back instead of fitted."""
-    log_e, status, fits, errors = cells
+    log_e = cells[0]
     finite = [i for i in range(len(log_e)) if math.isfinite(float(log_e[i]))]
     best = sorted(finite, key=lambda i: -float(log_e[i]))[:n]
     top = [i for i in best if float(log_e[i]) - smooth < below]
@@ -155,16 +147,5 @@ def held_fits(
     done = held_done(records, chosen, half)
     which = f"the {len(top)}" if len(top) == len(best) else f"{len(top)} of the {len(best)}"
     say(f"held-mass fits of {which} best cells (log10 mass {log10_mass} held first)")
-    h_log_e, h_status, h_fits, h_errors = run(
-        setup, chosen, half, starts, done, "held", task=held_task
-    )
-    log_e, status, fits, errors = np.array(log_e), list(status), list(fits), list(errors)
-    for j, i in enumerate(top):
-        if math.isfinite(float(h_log_e[j])) and h_log_e[j] > log_e[i]:
-            say(
-                f"  cell {i + 1}: the held-mass fit kept, log evidence "
-                f"{h_log_e[j] - log_e[i]:+.2f} over its fit"
-            )
-            log_e[i], status[i] = h_log_e[j], h_status[j]
-            fits[i], errors[i] = h_fits[j], h_errors[j]
-    return log_e, status, fits, errors
+    again = run(setup, chosen, half, starts, done, "held", task=held_task)
+    return keep_better(cells, top, again, say, "the held-mass fit")

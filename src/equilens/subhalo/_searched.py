@@ -42,6 +42,8 @@ from ._cells import (
     _cell_fit,
     _in_cell,
     _no_worse_than_smooth,
+    keep_better,
+    records_of,
 )
 
 #: `subhalo_scan`'s default `searched_cells`: the cells of the highest log-evidence given a
@@ -173,21 +175,6 @@ def searched_task(
     return _cell_evidence(setup.objective, fitted, setup.free, setup.bounds, setup.evidence)
 
 
-def searched_done(
-    records: Sequence[Mapping[str, Any]], centres: np.ndarray, half: float
-) -> dict[int, Mapping[str, Any]]:
-    """The searched fits' checkpoint records (`{"searched": j, "center": ..., ...}`) of the
-    cells `centres`, by their index in `centres`, matched by centre and size."""
-    done = {}
-    for r in records:
-        if "searched" not in r or not math.isclose(r["half"], half, rel_tol=1e-9):
-            continue
-        for j, centre in enumerate(centres):
-            if np.allclose(r["center"], centre, rtol=0, atol=1e-9):
-                done[j] = r
-    return done
-
-
 def searched_fits(
     cells: tuple[np.ndarray, list[str], list[Any], list[dict[str, float]]],
     setup: CellSetup,
@@ -202,25 +189,14 @@ def searched_fits(
     log-evidence fitted again by `searched_task` (`run`: the scan's `_run_cells`), a cell's
     result replaced where the searched fit's evidence is higher; a record in the
     checkpoint's `records` is read back instead of fitted."""
-    log_e, status, fits, errors = cells
+    log_e = cells[0]
     finite = [i for i in range(len(log_e)) if math.isfinite(float(log_e[i]))]
     top = sorted(finite, key=lambda i: -float(log_e[i]))[:n]
     if not top:
         return cells
     chosen = centres[top]
     starts = np.tile([0.0, 0.0, SEARCH_MASSES[0]], (len(top), 1))[:, None, :]
-    done = searched_done(records, chosen, half)
+    done = records_of(records, "searched", chosen, half)
     say(f"searched fits of the {len(top)} best cells (mass, slope and subhalo searched)")
-    s_log_e, s_status, s_fits, s_errors = run(
-        setup, chosen, half, starts, done, "searched", task=searched_task
-    )
-    log_e, status, fits, errors = np.array(log_e), list(status), list(fits), list(errors)
-    for j, i in enumerate(top):
-        if math.isfinite(float(s_log_e[j])) and s_log_e[j] > log_e[i]:
-            say(
-                f"  cell {i + 1}: the searched fit kept, log evidence "
-                f"{s_log_e[j] - log_e[i]:+.2f} over its fit"
-            )
-            log_e[i], status[i] = s_log_e[j], s_status[j]
-            fits[i], errors[i] = s_fits[j], s_errors[j]
-    return log_e, status, fits, errors
+    again = run(setup, chosen, half, starts, done, "searched", task=searched_task)
+    return keep_better(cells, top, again, say, "the searched fit")
