@@ -108,10 +108,12 @@ def subhalo_template(smooth):
 
 
 @slow_ci
-def test_a_searched_fit_finds_the_subhalo_and_is_resumed(tmp_path):
-    """The scan's searched fit (`searched_task`) of the best cell: its record in the
-    checkpoint, the cell's evidence the higher of its own fit's and the searched fit's, the
-    subhalo within 0.1" of the truth's; read back by a scan run again (no fit)."""
+def test_a_searched_fit_finds_the_subhalo_and_is_resumed(monkeypatch, tmp_path):
+    """The scan's searched fit (`searched_task`) of the best cell: two fits with the scan's
+    objective, one from the searched model, one from the searched subhalo on the smooth
+    macro model with the subhalo held first; its record in the checkpoint, the cell's
+    evidence the higher of its own fit's and the searched fit's, the subhalo within 0.1" of
+    the truth's; read back by a scan run again (no fit)."""
     objective, start = _lens(True)
     smooth = el.fit(objective, start, covariance=False)
     kw = dict(
@@ -126,11 +128,32 @@ def test_a_searched_fit_finds_the_subhalo_and_is_resumed(tmp_path):
         held_cells=0,
     )
     plain = subhalo_scan(objective, smooth, LC, searched_cells=0, **kw)
+    calls = []
+    real = _cells._fit
+
+    def spy(objective, start, solver, free, *args, **kwargs):
+        sub = free.mass.components[-1]
+        held = not any(bool(getattr(sub, c)) for c in ("u", "v", "log10_mass"))
+        calls.append((held, start.mass.components[0]))
+        return real(objective, start, solver, free, *args, **kwargs)
+
+    monkeypatch.setattr(_cells, "_fit", spy)
     path = tmp_path / "cells.jsonl"
     lines = []
     scan = subhalo_scan(
         objective, smooth, LC, searched_cells=1, checkpoint=path, log=lines.append, **kw
     )
+    # the cells' fits (subhalo free), then the searched fit's two: from the searched model
+    # (subhalo free, another macro model), and from the smooth macro model with the
+    # searched subhalo held, then free
+    macro = calls[0][1]  # (the first cell's start: the scan's smooth macro model)
+    held = [k for k, (h, _) in enumerate(calls) if h]
+    assert len(held) == 1
+    k = held[0]
+    assert float(calls[k][1].theta_E) == float(macro.theta_E)  # (the smooth macro model)
+    assert not calls[k + 1][0]  # (then everything free)
+    assert float(calls[k - 1][1].theta_E) != float(macro.theta_E)  # (the searched model's)
+    monkeypatch.setattr(_cells, "_fit", real)
     best = int(np.nanargmax(plain.log_evidence))
     records = [json.loads(line) for line in path.read_text().splitlines()]
     searched = [r for r in records if "searched" in r]

@@ -29,6 +29,7 @@ from typing import Any
 import equinox as eqx
 import numpy as np
 
+from ..solve import FitResult
 from ..solve._parametrise import parametrisation
 from ._cells import (
     CellRecord,
@@ -74,18 +75,32 @@ def check_held(
         )
 
 
-def _held_free(setup: CellSetup) -> tuple[Any, np.ndarray | None]:
-    """The first phase's free parameters (the cell's, less the subhalo's `log10_mass`) and
-    its `scale` (the cell's without that entry)."""
-    where = lambda m: m.mass.components[-1].log10_mass
-    free = eqx.tree_at(where, setup.free, False)
+def _held_free(
+    setup: CellSetup, held: tuple[str, ...] = ("log10_mass",)
+) -> tuple[Any, np.ndarray | None]:
+    """The first phase's free parameters (the cell's, less the subhalo's fields `held`) and
+    its `scale` (the cell's without their entries)."""
+    free = setup.free
+    for name in held:
+        free = eqx.tree_at(lambda m, name=name: getattr(m.mass.components[-1], name), free, False)
     if setup.scale is None:
         return free, None
     param = parametrisation(setup.cell_objective, setup.template, setup.free, setup.bounds)
     names = param.paths(setup.template)
     n_comp = len(setup.template.mass.components)
-    keep = [k for k, n in enumerate(names) if n != f"mass.components[{n_comp - 1}].log10_mass"]
+    out = {f"mass.components[{n_comp - 1}].{name}" for name in held}
+    keep = [k for k, n in enumerate(names) if n not in out]
     return free, np.asarray(setup.scale)[keep]
+
+
+def held_then_free(
+    setup: CellSetup, start: Any, held: tuple[str, ...] = ("log10_mass",)
+) -> FitResult:
+    """The cell's fit from `start` in two phases: the subhalo's fields `held` held while the
+    rest is fitted, then everything free from there (from `start` where the first phase
+    failed)."""
+    first = _cell_fit(setup, start, held=_held_free(setup, held))
+    return _cell_fit(setup, first.model if math.isfinite(float(first.value)) else start)
 
 
 def held_task(
@@ -98,9 +113,7 @@ def held_task(
     del pool
     dtype = setup.template.mass.components[-1].log10_mass.dtype
     start = _in_cell(setup.template, centre, _rows(at)[0], dtype)
-    first = _cell_fit(setup, start, held=_held_free(setup))
-    fitted = _cell_fit(setup, first.model if math.isfinite(float(first.value)) else start)
-    fitted = _no_worse_than_smooth(fitted, start, setup)
+    fitted = _no_worse_than_smooth(held_then_free(setup, start), start, setup)
     return _cell_evidence(setup.objective, fitted, setup.free, setup.bounds, setup.evidence)
 
 
