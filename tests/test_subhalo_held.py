@@ -180,3 +180,33 @@ def test_a_held_mass_fit_holds_the_mass_first_and_is_resumed(monkeypatch, tmp_pa
     assert any("no held-mass fit" in line for line in lines)
     with pytest.raises(ValueError, match="another held_cells or held_log10_mass"):
         subhalo_scan(objective, smooth, LC, held_cells=2, checkpoint=path, **kw)
+
+
+@pytest.mark.precision_independent
+def test_the_first_phase_holds_the_named_subhalo_fields_and_drops_their_scale():
+    """`_held_free`: the cell's free parameters less the subhalo's fields named (its mass
+    alone for a held-mass fit; position and mass for a searched fit's second start), and
+    the cell's `scale` without their entries, the others in order."""
+    from equilens.solve._parametrise import parametrisation
+    from equilens.subhalo._scan import _free_with_subhalo
+    from test_subhalo_searched import subhalo_template
+
+    objective, start = _lens(False)
+    template = subhalo_template(start)
+    free = _free_with_subhalo(objective, start, None, None, template)
+    names = parametrisation(objective, template, free, None).paths(template)
+    k = len(template.mass.components) - 1
+    scale = np.arange(1.0, len(names) + 1.0)
+    setup = _cells.CellSetup(objective, objective, template, "lm", free, {}, 10, None, 7.0, scale)
+    for held in (("log10_mass",), ("u", "v", "log10_mass")):
+        flags, kept = _held._held_free(setup, held)
+        sub = flags.mass.components[-1]
+        for c in ("u", "v", "log10_mass"):
+            assert bool(getattr(sub, c)) is (c not in held)
+        assert bool(flags.mass.components[0].theta_E)  # (the macro model free)
+        out = {f"mass.components[{k}].{c}" for c in held}
+        expected = [scale[j] for j, n in enumerate(names) if n not in out]
+        assert len(expected) == len(names) - len(held)
+        np.testing.assert_array_equal(kept, expected)
+    no_scale = setup._replace(scale=None)
+    assert _held._held_free(no_scale, ("u",))[1] is None
