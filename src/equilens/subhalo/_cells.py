@@ -54,25 +54,6 @@ BARS = {
 }
 
 
-class SplitTask(NamedTuple):
-    """A cell's task whose steps run as separate Dask tasks: `whole(setup, centre, at,
-    pool)` runs them in one process (`_cell_task`'s signature: a `SplitTask` is called as
-    one), `submit(client, shared, centre, at, pool, key)` submits them as Dask tasks that
-    depend on each other and returns the future of the cell's record (under `key`). Two
-    steps that do not depend on each other (the searched fit's two fits of a cell) then
-    run on two workers at once, and the steps of three cells fill two workers where three
-    whole tasks take two rounds of one; each step computes what it computes in `whole`,
-    the record the same."""
-
-    whole: Callable[..., "CellRecord"]
-    submit: Callable[..., Any]
-
-    def __call__(
-        self, setup: Any, centre: np.ndarray, at: np.ndarray, pool: np.ndarray | None = None
-    ) -> "CellRecord":
-        return self.whole(setup, centre, at, pool)
-
-
 class CellSetup(NamedTuple):
     """What every cell of a scan shares: the scan's `objective`, the `cell_objective` (it
     plus the subhalo's priors), the `template` model (the smooth model plus a subhalo),
@@ -168,8 +149,7 @@ def _run_cells(
     finishes; with a start grid's `pool` (Dask only: `_seed.cell_starts(in_tasks=True)`), each task
     scores its cell's grid itself. `task`: what fits a cell (default `_cell_task`; "held",
     the held-mass fits' `_held.held_task`, "searched", `_searched.searched_task`, with its
-    signature, or a `SplitTask`, whose steps Dask runs as separate tasks; never
-    vectorised). Returns
+    signature; never vectorised). Returns
     each cell's log-evidence, status, fitted model and subhalo errors."""
     if pool is not None and client is None:
         raise ValueError("a start grid's pool is scored in the cells' tasks on Dask only")
@@ -328,14 +308,12 @@ def _on_dask(
     # forgetting it can leave the task waiting for ever (dask/distributed#7356); `id(setup)`
     # is reused once a set-up is freed
     run = uuid.uuid4().hex
-
-    def submit(i: int) -> Any:
-        key = f"subhalo-cell-{i}-{run}"
-        if isinstance(task, SplitTask):
-            return task.submit(client, shared, centres[i], starts[i], pool, key)
-        return client.submit(task or _cell_task, shared, centres[i], starts[i], pool, key=key)
-
-    futures = {submit(i): i for i in todo}
+    futures = {
+        client.submit(
+            task or _cell_task, shared, centres[i], starts[i], pool, key=f"subhalo-cell-{i}-{run}"
+        ): i
+        for i in todo
+    }
     for future in as_completed(futures):
         yield futures[future], future.result()
 

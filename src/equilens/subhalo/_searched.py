@@ -43,16 +43,13 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from .._lens_system import LensSystem
 from ..light import Sersic
 from ..objective import Objective, select
-from ..solve import FitResult
 from ..source import PixelizedSource
 from ..terms import GaussianLikelihood
 from ._cells import (
     CellRecord,
     CellSetup,
-    SplitTask,
     _better,
     _cell_evidence,
     _cell_fit,
@@ -81,8 +78,6 @@ SEARCH_SLOPES = (1.5, 2.5)
 SEARCH_CELL = 0.95
 #: The steps of the search's refinement and of its last fit (`fit_lens`'s under the CLI).
 SEARCH_STEPS = 300
-#: The subhalo's fields held while the macro model follows the searched subhalo.
-HELD = ("u", "v", "log10_mass")
 
 
 def check_searched(n: Any) -> None:
@@ -140,20 +135,22 @@ def searched_space(model: Any, radius: float) -> dict[Any, tuple[float, float]]:
     return space
 
 
-#: A search's outcome (`_search`): the cell's searched model and the smooth macro model with
-#: the searched subhalo, or why the search failed.
-Found = tuple[LensSystem, LensSystem] | str
-
-
-def _search(setup: CellSetup, centre: np.ndarray) -> Found:
-    """The search of `searched_model` by chi^2 (module docstring) and its last fit: the cell
-    with the searched mass (`searched`), and the smooth macro model with the searched
-    subhalo (`on_smooth`); or why it failed."""
+def searched_task(
+    setup: CellSetup, centre: np.ndarray, at: np.ndarray, pool: np.ndarray | None = None
+) -> CellRecord:
+    """One cell's searched fit (`_cells._cell_task`'s signature; `at`, `pool` unused): the
+    search of `searched_model` by chi^2 (module docstring), then two fits of the cell with
+    the scan's objective, from the searched mass and from the smooth macro model with the
+    searched subhalo (held first), the one that ends lower kept; the fit from the smooth
+    model (the quiet start) instead where it ends better (`_no_worse_than_smooth`); its
+    evidence. A search that fails is the cell's failed record (NaN evidence: the cell keeps
+    its own fit)."""
     from ..solve import fit, search
     from ..solve._pipeline import lens_bounds, mass_anchor
     from ..solve._search import arc_placement
     from ..solve._start import light_moments
 
+    del at, pool
     imaging = _imaging(setup.objective)
     model, cell = searched_model(setup, centre)
     placement = arc_placement(imaging, model)
@@ -187,71 +184,20 @@ def _search(setup: CellSetup, centre: np.ndarray) -> Found:
     )
     best = r if math.isfinite(float(r.value)) else found.best
     if not math.isfinite(float(best.value)):
-        return f"search failed: {best.message()}"
+        return math.nan, f"search failed: {best.message()}", None, {}
     sub = best.model.mass.components[-1]
     inside = [jnp.clip(getattr(sub, c), -SEARCH_CELL, SEARCH_CELL) for c in "uv"]
     mass = eqx.tree_at(lambda m: (m.components[-1].u, m.components[-1].v), best.model.mass, inside)
     searched = eqx.tree_at(lambda m: m.mass, cell, mass)
     # the searched subhalo on the smooth macro model: held while the macro model follows it
     on_smooth = eqx.tree_at(lambda m: m.mass.components[-1], cell, mass.components[-1])
-    return searched, on_smooth
-
-
-def _from_searched(setup: CellSetup, found: Found) -> FitResult | None:
-    """The cell's fit from the searched model (None where the search failed)."""
-    return None if isinstance(found, str) else _cell_fit(setup, found[0])
-
-
-def _on_smooth(setup: CellSetup, found: Found) -> FitResult | None:
-    """The cell's fit from the smooth macro model with the searched subhalo, its position
-    and mass held first (None where the search failed)."""
-    return None if isinstance(found, str) else held_then_free(setup, found[1], HELD)
-
-
-def _record(
-    setup: CellSetup, found: Found, from_searched: FitResult | None, on_smooth: FitResult | None
-) -> CellRecord:
-    """The cell's record from its two fits: the one that ends lower kept, the quiet
-    restart's fit instead where it ends better (`_no_worse_than_smooth`), its evidence; a
-    failed search's record (NaN evidence: the cell keeps its own fit)."""
-    if isinstance(found, str) or from_searched is None or on_smooth is None:
-        return math.nan, found if isinstance(found, str) else "search failed", None, {}
-    fitted, _ = _better([(from_searched, found[0]), (on_smooth, found[1])])
-    fitted = _no_worse_than_smooth(fitted, found[1], setup)
+    tried = [
+        (_cell_fit(setup, searched), searched),
+        (held_then_free(setup, on_smooth, ("u", "v", "log10_mass")), on_smooth),
+    ]
+    fitted, _ = _better(tried)
+    fitted = _no_worse_than_smooth(fitted, on_smooth, setup)
     return _cell_evidence(setup.objective, fitted, setup.free, setup.bounds, setup.evidence)
-
-
-def _whole(
-    setup: CellSetup, centre: np.ndarray, at: np.ndarray, pool: np.ndarray | None = None
-) -> CellRecord:
-    """`searched_task` in one process: the search, the two fits, the record."""
-    del at, pool
-    found = _search(setup, centre)
-    return _record(setup, found, _from_searched(setup, found), _on_smooth(setup, found))
-
-
-def _submit(
-    client: Any, shared: Any, centre: np.ndarray, at: np.ndarray, pool: Any, key: str
-) -> Any:
-    """`searched_task` on Dask: the search, then its two fits as two tasks (on two workers
-    at once where both are free), then the record; the searches first (`priority`), so
-    that the fits of three cells fill two workers. Returns the record's future."""
-    del at, pool
-    found = client.submit(_search, shared, centre, key=f"{key}-search", priority=2)
-    a = client.submit(_from_searched, shared, found, key=f"{key}-searched", priority=1)
-    b = client.submit(_on_smooth, shared, found, key=f"{key}-smooth", priority=1)
-    return client.submit(_record, shared, found, a, b, key=key)
-
-
-#: One cell's searched fit (`_cells._cell_task`'s signature; `at`, `pool` unused): the
-#: search of `searched_model` by chi^2 (module docstring), then two fits of the cell with
-#: the scan's objective, from the searched mass and from the smooth macro model with the
-#: searched subhalo (its fields `HELD` held first), the one that ends lower kept; the fit
-#: from the smooth model (the quiet start) instead where it ends better
-#: (`_no_worse_than_smooth`); its evidence. A search that fails is the cell's failed record
-#: (NaN evidence: the cell keeps its own fit). On Dask the search, the two fits and the
-#: record are four tasks (`_cells.SplitTask`).
-searched_task = SplitTask(_whole, _submit)
 
 
 def searched_fits(
